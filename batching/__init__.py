@@ -1,0 +1,21 @@
+"""A continuous batcher for embedding models: many concurrent callers, one model thread.
+
+Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and get back a vector.
+"""
+
+from batching.backend import Backend
+from batching.batcher import BatcherSettings, ContinuousBatcher
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded
+from batching.observer import BatchObserver, NullObserver
+
+__all__ = [
+    "Backend",
+    "BatcherClosed",
+    "BatcherError",
+    "BatcherSettings",
+    "BatchObserver",
+    "ContinuousBatcher",
+    "DeadlineExceeded",
+    "NullObserver",
+    "Overloaded",
+]

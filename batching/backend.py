@@ -1,0 +1,23 @@
+"""The contract between the batcher and whatever model it feeds."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """A model the batcher drives. Only the batcher's model thread calls `embed`."""
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, already truncated to what the model accepts."""
+        ...
+
+    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """One float32 row per input, in input order. Pads internally."""
+        ...
+
+    def warmup(self) -> None:
+        """Run representative shapes once so the first real batch is not slow."""
+        ...

@@ -1,0 +1,213 @@
+"""The continuous batcher: an asyncio front, a tokenizer thread and one model thread.
+
+Pipeline (after TEI's queue / batching task / backend task split):
+  event loop  -- embed(): reserve a queue slot or fail at once, hand text to the tokenizer
+  tokenizer   -- tokenizes whatever arrived, in one call, while the model runs the current batch
+  model       -- cuts the next batch when the model frees (natural batching: never waits idle),
+                 runs it, settles all its futures with one call back into the loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue as stdqueue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from batching.backend import Backend
+from batching.errors import BatcherClosed, DeadlineExceeded, Overloaded
+from batching.observer import BatchObserver, NullObserver
+from batching.queue import Batch, BatchQueue, WorkItem
+
+log = logging.getLogger(__name__)
+
+_TOKENIZE_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    max_batch_size: int = 64
+    max_batch_tokens: int = 16384  # padded: longest sequence x batch size
+    max_queue_requests: int = 2048
+    max_queue_tokens: int = 262144
+    window: int = 256  # oldest requests among which batches are sorted by length
+    max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
+
+
+class ContinuousBatcher:
+    def __init__(self, backend: Backend, settings: BatcherSettings = BatcherSettings(), observer: BatchObserver | None = None):
+        self.backend = backend
+        self.settings = settings
+        self.observer = observer or NullObserver()
+        self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.window)
+        self._inbox: stdqueue.SimpleQueue[WorkItem | None] = stdqueue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._threads = [
+            threading.Thread(target=self._tokenizer_loop, name="batcher-tokenizer", daemon=True),
+            threading.Thread(target=self._model_loop, name="batcher-model", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    async def aclose(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking work, answer everything already queued, then stop the threads."""
+        self._closing = True
+        self._inbox.put(None)
+        loop = asyncio.get_running_loop()
+        # The tokenizer must finish first so that what it still holds is queued before close().
+        await loop.run_in_executor(None, self._threads[0].join, drain_timeout)
+        self._queue.close()
+        await loop.run_in_executor(None, self._threads[1].join, drain_timeout)
+
+    # -- the event-loop side ---------------------------------------------------------------
+
+    @property
+    def depth(self) -> tuple[int, int]:
+        """(requests, tokens) waiting."""
+        return self._queue.depth
+
+    async def embed(self, text: str, deadline: float) -> np.ndarray:
+        """The embedding of `text`, or BatcherError; never waits past `deadline` (monotonic)."""
+        if self._closing:
+            raise BatcherClosed("batcher is shutting down")
+        if not self._queue.reserve():
+            self.observer.on_dropped("overload", 1)
+            raise Overloaded(f"queue holds {self._queue.max_requests} requests")
+        fut = self._loop.create_future()
+        item = WorkItem(text=text, deadline=deadline, future=fut)
+        self._inbox.put(item)
+        try:
+            return await asyncio.wait_for(fut, timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            item.cancelled = True
+            raise DeadlineExceeded("deadline passed while queued or running") from None
+        except asyncio.CancelledError:
+            item.cancelled = True
+            raise
+
+    def _settle(self, items: Sequence[WorkItem], outcomes: Sequence[object]) -> None:
+        for item, outcome in zip(items, outcomes):
+            if item.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                item.future.set_exception(outcome)
+            else:
+                item.future.set_result(outcome)
+
+    def _settle_from_thread(self, items: Sequence[WorkItem], outcomes: Sequence[object]) -> None:
+        if items:
+            try:
+                self._loop.call_soon_threadsafe(self._settle, list(items), list(outcomes))
+            except RuntimeError:  # loop already closed: nobody is waiting any more
+                pass
+
+    # -- tokenizer thread ------------------------------------------------------------------
+
+    def _tokenizer_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._inbox.get()
+            items = [] if first is None else [first]
+            stopping = first is None
+            while len(items) < _TOKENIZE_CHUNK:
+                try:
+                    nxt = self._inbox.get_nowait()
+                except stdqueue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    continue
+                items.append(nxt)
+            self._admit(items)
+
+    def _admit(self, items: list[WorkItem]) -> None:
+        live = [i for i in items if not i.cancelled]
+        if len(live) < len(items):
+            self._queue.release(len(items) - len(live))
+            self.observer.on_dropped("cancelled", len(items) - len(live))
+        if not live:
+            return
+        try:
+            ids = self.backend.tokenize([i.text for i in live])
+        except Exception as exc:  # one bad text must not fail its neighbours
+            log.warning("batch tokenization failed, retrying singly: %s", type(exc).__name__)
+            ids = []
+            for i in live:
+                try:
+                    ids.append(self.backend.tokenize([i.text])[0])
+                except Exception as one_exc:
+                    ids.append(one_exc)
+        failed: list[WorkItem] = []
+        errors: list[object] = []
+        for item, tok in zip(live, ids):
+            if isinstance(tok, Exception):
+                failed.append(item)
+                errors.append(tok)
+                continue
+            item.token_ids = tok
+            if not self._queue.put(item):
+                failed.append(item)
+                errors.append(Overloaded(f"queue holds {self._queue.max_tokens} tokens"))
+                self.observer.on_dropped("overload", 1)
+        if failed:
+            self._queue.release(len(failed))
+            self._settle_from_thread(failed, errors)
+        self.observer.on_queue_depth(*self._queue.depth)
+
+    # -- model thread ----------------------------------------------------------------------
+
+    def _model_loop(self) -> None:
+        s = self.settings
+        while True:
+            batch = self._queue.next_batch(s.max_batch_size, s.max_batch_tokens, s.max_wait_s)
+            if batch is None:
+                return
+            try:
+                self._run_batch(batch)
+            except Exception:  # the model thread must survive anything a batch does
+                log.exception("batch handling failed")
+                self._settle_from_thread(batch.items, [RuntimeError("batch failed")] * len(batch.items))
+
+    def _run_batch(self, batch: Batch) -> None:
+        if batch.expired:
+            self.observer.on_dropped("expired", len(batch.expired))
+            self._settle_from_thread(batch.expired, [DeadlineExceeded("expired in queue")] * len(batch.expired))
+        if batch.cancelled:
+            self.observer.on_dropped("cancelled", len(batch.cancelled))
+        items = batch.items
+        if not items:
+            return
+        started = time.monotonic()
+        waits = [started - i.enqueued_at for i in items]
+        t0 = time.perf_counter()
+        try:
+            vectors = self.backend.embed([i.token_ids for i in items])
+            outcomes: list[object] = list(vectors)
+        except Exception as exc:
+            log.warning("batch of %d failed (%s), isolating by retrying singly", len(items), type(exc).__name__)
+            outcomes = [self._embed_one(i) for i in items] if len(items) > 1 else [exc]
+            bad = sum(isinstance(o, BaseException) for o in outcomes)
+            if bad:
+                self.observer.on_dropped("error", bad)
+        inference_s = time.perf_counter() - t0
+        self.observer.on_batch(len(items), batch.tokens, batch.padded_tokens, inference_s, waits)
+        self.observer.on_queue_depth(*self._queue.depth)
+        self._settle_from_thread(items, outcomes)
+
+    def _embed_one(self, item: WorkItem) -> object:
+        try:
+            return self.backend.embed([item.token_ids])[0]
+        except Exception as exc:
+            return exc

@@ -1,0 +1,17 @@
+"""Why the batcher refused or gave up on a request."""
+
+
+class BatcherError(Exception):
+    """Base class: the request got no embedding."""
+
+
+class Overloaded(BatcherError):
+    """The queue is full (requests or tokens); the caller should fall back at once."""
+
+
+class DeadlineExceeded(BatcherError):
+    """The request's deadline passed before its batch started."""
+
+
+class BatcherClosed(BatcherError):
+    """The batcher is shutting down and takes no new work."""

@@ -1,0 +1,152 @@
+"""The bounded, thread-safe queue of tokenized requests and the rule that cuts batches from it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(eq=False)
+class WorkItem:
+    text: str
+    deadline: float  # time.monotonic() seconds
+    future: asyncio.Future
+    enqueued_at: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(default_factory=list)
+    # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
+    # costs one wasted embedding, so no lock.
+    cancelled: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Batch:
+    items: list[WorkItem]
+    expired: list[WorkItem]
+    cancelled: list[WorkItem]
+
+    @property
+    def tokens(self) -> int:
+        return sum(i.n_tokens for i in self.items)
+
+    @property
+    def padded_tokens(self) -> int:
+        return max((i.n_tokens for i in self.items), default=0) * len(self.items)
+
+
+def choose_batch(window: list[WorkItem], max_size: int, max_tokens: int) -> list[int]:
+    """Indices into `window` (oldest first) forming the next batch.
+
+    The oldest request is always in the batch, so nobody starves; the rest are its nearest
+    neighbours by token length, shorter ones first because they add no padding. Cost is
+    counted as padded tokens (longest x count), which is what the model pays.
+    """
+    order = sorted(range(len(window)), key=lambda i: window[i].n_tokens)
+    anchor = order.index(0)
+    lo = hi = anchor
+    longest = window[0].n_tokens
+    while hi - lo + 1 < max_size:
+        n = hi - lo + 2
+        if lo > 0 and longest * n <= max_tokens:
+            lo -= 1
+        elif hi + 1 < len(order) and window[order[hi + 1]].n_tokens * n <= max_tokens:
+            hi += 1
+            longest = window[order[hi]].n_tokens
+        else:
+            break
+    return order[lo : hi + 1]
+
+
+class BatchQueue:
+    """FIFO of admitted requests, bounded in requests and tokens.
+
+    Admission is two-step because token counts are only known after tokenization: `reserve()`
+    takes a request slot at submission (on the event loop, never blocking), `put()` adds the
+    tokenized item and enforces the token bound.
+    """
+
+    def __init__(self, max_requests: int, max_tokens: int, window: int, clock: Callable[[], float] = time.monotonic):
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.window = window
+        self._clock = clock
+        self._items: deque[WorkItem] = deque()
+        self._reserved = 0
+        self._tokens = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @property
+    def depth(self) -> tuple[int, int]:
+        return self._reserved, self._tokens
+
+    def reserve(self) -> bool:
+        with self._cond:
+            if self._closed or self._reserved >= self.max_requests:
+                return False
+            self._reserved += 1
+            return True
+
+    def release(self, n: int = 1) -> None:
+        with self._cond:
+            self._reserved -= n
+            self._cond.notify_all()
+
+    def put(self, item: WorkItem) -> bool:
+        with self._cond:
+            if self._tokens + item.n_tokens > self.max_tokens:
+                return False
+            self._items.append(item)
+            self._tokens += item.n_tokens
+            self._cond.notify_all()
+            return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_drained(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._reserved == 0, timeout)
+
+    def next_batch(self, max_size: int, max_tokens: int, max_wait: float = 0.0) -> Batch | None:
+        """Block until there is work; None once closed and nothing is left reserved."""
+        with self._cond:
+            while not self._items:
+                if self._closed and self._reserved == 0:
+                    return None
+                self._cond.wait(0.1)
+            if max_wait > 0:
+                self._top_up(max_size, max_wait)
+            window = [self._items.popleft() for _ in range(min(self.window, len(self._items)))]
+            now = self._clock()
+            expired = [i for i in window if not i.cancelled and i.deadline <= now]
+            cancelled = [i for i in window if i.cancelled]
+            live = [i for i in window if not i.cancelled and i.deadline > now]
+            chosen: list[WorkItem] = []
+            if live:
+                picked = set(choose_batch(live, max_size, max_tokens))
+                chosen = [live[i] for i in sorted(picked)]
+                self._items.extendleft(reversed([w for i, w in enumerate(live) if i not in picked]))
+            gone = len(chosen) + len(expired) + len(cancelled)
+            self._tokens -= sum(i.n_tokens for i in chosen + expired + cancelled)
+            self._reserved -= gone
+            self._cond.notify_all()
+            return Batch(chosen, expired, cancelled)
+
+    def _top_up(self, max_size: int, max_wait: float) -> None:
+        # Optional latency-for-throughput trade: give a tiny batch a moment to grow.
+        give_up_at = self._items[0].enqueued_at + max_wait
+        while len(self._items) < max_size and not self._closed:
+            remaining = give_up_at - self._clock()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)

@@ -1,0 +1,114 @@
+"""Mock OpenAI-compatible LLM backends: echo the model they got and say who served (x-mock-backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Mapping
+
+from aiohttp import web
+
+# Request headers worth showing back, so tests can see what actually reached the backend.
+_ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length")
+
+
+def _echo(request: web.Request, raw: bytes) -> dict:
+    return {
+        "backend": request.app["name"],
+        "path": request.path,
+        "body_bytes": len(raw),
+        "headers": {h: request.headers.get(h) for h in _ECHOED if h in request.headers},
+    }
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    name = request.app["name"]
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    model = body.get("model", "")
+    text = f"[{name}] handled model={model}"
+    created = int(time.time())
+    headers = {"x-mock-backend": name}
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, piece in enumerate(text.split(" ")):
+            chunk = {
+                "id": "chatcmpl-mock",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": {"content": (" " if i else "") + piece}, "finish_reason": None}],
+            }
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        done = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        await resp.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+        await resp.write_eof()
+        return resp
+    return web.json_response(
+        {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            "mock": _echo(request, raw),
+        },
+        headers=headers,
+    )
+
+
+async def anything(request: web.Request) -> web.Response:
+    raw = await request.read()
+    return web.json_response({"mock": _echo(request, raw)}, headers={"x-mock-backend": request.app["name"]})
+
+
+def make_app(name: str) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app["name"] = name
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_route("*", "/{tail:.*}", anything)
+    return app
+
+
+class MockBackends:
+    """Runs one mock backend per (name, port) on a private event loop in a background thread."""
+
+    def __init__(self, ports: Mapping[str, int], host: str = "127.0.0.1"):
+        self.ports = dict(ports)
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        self._runners: list[web.AppRunner] = []
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mock-backends", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+
+    async def _start(self) -> None:
+        for name, port in self.ports.items():
+            runner = web.AppRunner(make_app(name), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, self.host, port).start()
+            self._runners.append(runner)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def _stop():
+            for r in self._runners:
+                await r.cleanup()
+
+        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -1,0 +1,192 @@
+"""Starts and stops the whole local stack: mock backends, the router process and Envoy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from devstack import envoy_bootstrap
+from devstack.mock_backend import MockBackends
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class StackPorts:
+    listener: int
+    admin: int
+    router_grpc: int
+    router_metrics: int
+    backends: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def free(cls, backend_names: Sequence[str]) -> "StackPorts":
+        return cls(free_port(), free_port(), free_port(), free_port(), {n: free_port() for n in backend_names})
+
+    @classmethod
+    def from_bootstrap(cls, bootstrap: dict, router_metrics: int) -> "StackPorts":
+        """The ports the committed envoy.yaml names (what `make run` uses)."""
+
+        def port(address: dict) -> int:
+            return address["socket_address"]["port_value"]
+
+        clusters = {
+            c["name"]: port(c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"])
+            for c in bootstrap["static_resources"]["clusters"]
+        }
+        router_grpc = clusters.pop(envoy_bootstrap.ROUTER_CLUSTER)
+        listener = port(bootstrap["static_resources"]["listeners"][0]["address"])
+        return cls(listener, port(bootstrap["admin"]["address"]), router_grpc, router_metrics, clusters)
+
+
+class Stack:
+    def __init__(
+        self,
+        workdir: Path,
+        ports: StackPorts,
+        router_config: Path = ROOT / "router.yaml",
+        envoy_config: Path = ROOT / "envoy.yaml",
+        router_args: Sequence[str] = (),
+        router_env: Mapping[str, str] | None = None,
+        envoy_overrides: Mapping[str, object] | None = None,
+        capture_logs: bool = True,
+    ):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ports = ports
+        self.router_config = Path(router_config)
+        self.envoy_config = Path(envoy_config)
+        self.router_args = list(router_args)
+        self.router_env = dict(router_env or {})
+        self.envoy_overrides = envoy_overrides
+        self.capture_logs = capture_logs
+        self.backends = MockBackends(ports.backends)
+        self.router: subprocess.Popen | None = None
+        self.envoy: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.listener}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.router_metrics}/metrics"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> "Stack":
+        try:
+            self.backends.start()
+            self.start_router(timeout)
+            self.start_envoy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for name in ("envoy", "router"):
+            proc = getattr(self, name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.backends.stop()
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the router ------------------------------------------------------------------------
+
+    def start_router(self, timeout: float = 180.0) -> None:
+        cmd = [
+            sys.executable, "-m", "router", "serve",
+            "--config", str(self.router_config),
+            "--grpc-port", str(self.ports.router_grpc),
+            "--metrics-port", str(self.ports.router_metrics),
+            *self.router_args,
+        ]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.router_env}
+        out = open(self.workdir / "router.log", "ab") if self.capture_logs else None
+        self.router = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        self._wait(self.router, "router", self.router_serving, timeout)
+
+    def router_serving(self) -> bool:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{self.ports.router_grpc}") as ch:
+                reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+    def kill_router(self, sig: int = signal.SIGKILL) -> None:
+        assert self.router is not None
+        self.router.send_signal(sig)
+        self.router.wait(timeout=60)
+
+    # -- envoy -----------------------------------------------------------------------------
+
+    def start_envoy(self, timeout: float = 60.0) -> None:
+        bootstrap = envoy_bootstrap.retarget(
+            envoy_bootstrap.load(self.envoy_config),
+            listener_port=self.ports.listener,
+            admin_port=self.ports.admin,
+            router_port=self.ports.router_grpc,
+            backend_ports=self.ports.backends,
+            overrides=self.envoy_overrides,
+        )
+        rendered = self.workdir / "envoy.rendered.yaml"
+        rendered.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+        cmd = [envoy_bootstrap.find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
+        out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
+        self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
+        self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
+
+    def envoy_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.admin}/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _wait(self, proc: subprocess.Popen, name: str, ready, timeout: float) -> None:
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode} while starting:\n{self.log_tail(name)}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{name} not ready after {timeout:.0f}s:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return "(no log captured)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

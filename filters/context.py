@@ -1,0 +1,43 @@
+"""What one request looks like to the filter chain, and what the filters decided about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from router.classifier import Decision
+from router.engine import RoutingEngine
+
+
+@dataclass
+class ImmediateReply:
+    """Answer the client directly; the request never reaches a backend."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass
+class RequestContext:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    requested_model: str | None
+    prompt: str | None
+    deadline: float  # time.monotonic() by which the answer must go back to Envoy
+    engine: RoutingEngine
+    decision: Decision | None = None
+    rewrite_model: bool = False  # set by the model policy: write the chosen model into the body
+    body_changed: bool = False
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    immediate: ImmediateReply | None = None
+    _embedding: np.ndarray | None = None
+
+    async def embedding(self) -> np.ndarray:
+        """The prompt's embedding, computed once through the shared batcher. Raises BatcherError."""
+        if self._embedding is None:
+            self._embedding = await self.engine.embed(self.prompt or "", self.deadline)
+        return self._embedding

@@ -1,0 +1,149 @@
+"""The Envoy ext_proc gRPC service: one stream per HTTP request, answered through the filter chain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import AsyncIterator, Callable
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from filters import ext_proc
+from filters.chain import FilterChain
+from filters.context import RequestContext
+from filters.request_body import BadBody, parse_body
+from router import metrics
+from router.classifier import Decision
+from router.engine import RoutingEngine
+
+log = logging.getLogger(__name__)
+
+LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+
+
+class _Stream:
+    """Per-HTTP-request state between the headers and the body message."""
+
+    __slots__ = ("path", "method", "headers", "body")
+
+    def __init__(self):
+        self.path = ""
+        self.method = ""
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, engine: Callable[[], RoutingEngine | None], chain: Callable[[], FilterChain]):
+        # Callables, so a config reload swaps both without touching streams in flight.
+        self._engine = engine
+        self._chain = chain
+
+    async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = _Stream()
+        async for request in request_iterator:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                yield self._on_headers(request.request_headers, stream)
+            elif kind == "request_body":
+                chunk = request.request_body
+                stream.body += chunk.body
+                if chunk.end_of_stream:
+                    yield await self._on_body(stream)
+                else:
+                    yield ext_proc.body_continue()
+            else:
+                answer = ext_proc.pass_through(kind)
+                if answer is not None:
+                    yield answer
+
+    def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
+        h = ext_proc.header_map(headers)
+        stream.headers = h
+        stream.method = h.get(":method", "")
+        stream.path = h.get(":path", "").split("?", 1)[0]
+        if stream.method != "POST" or not stream.path.endswith(LLM_PATHS):
+            metrics.REQUESTS.labels("not_processed").inc()
+            return ext_proc.headers_skip_body()
+        return ext_proc.headers_continue()
+
+    async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
+        started = time.perf_counter()
+        engine = self._engine()
+        if engine is None:  # model still loading: let Envoy's default route take it
+            metrics.REQUESTS.labels("not_ready").inc()
+            return ext_proc.body_continue()
+        deadline = time.monotonic() + engine.config.server.deadline_ms / 1000.0
+        raw = bytes(stream.body)
+        ctx: RequestContext | None = None
+        if len(raw) > engine.config.requests.max_body_bytes:
+            metrics.BAD_REQUESTS.labels("too_large").inc()
+            decision = engine.default("body_too_large")
+        else:
+            try:
+                parsed = parse_body(raw, stream.path)
+            except BadBody as bad:
+                metrics.BAD_REQUESTS.labels(bad.kind).inc()
+                log.info("unusable request body", extra={"kind": bad.kind, "path": stream.path})
+                decision = engine.default("invalid_body")
+            else:
+                ctx = RequestContext(
+                    path=stream.path,
+                    headers=stream.headers,
+                    body=parsed.data,
+                    requested_model=parsed.model,
+                    prompt=parsed.prompt,
+                    deadline=deadline,
+                    engine=engine,
+                )
+                decision = await self._run_chain(ctx, engine)
+        response = self._answer(ctx, decision, engine)
+        metrics.PROCESSING.observe(time.perf_counter() - started)
+        return response
+
+    async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine) -> Decision:
+        try:
+            async with asyncio.timeout_at(ctx.deadline):
+                await self._chain().run(ctx)
+        except TimeoutError:
+            return engine.default("fallback_timeout")
+        except Exception:
+            log.exception("filter chain failed")
+            ctx.immediate = None
+            return engine.default("fallback_error")
+        return ctx.decision or engine.default("default")
+
+    def _answer(self, ctx: RequestContext | None, decision: Decision, engine: RoutingEngine) -> pb.ProcessingResponse:
+        if ctx is not None and ctx.immediate is not None:
+            metrics.REQUESTS.labels("rejected").inc()
+            return ext_proc.immediate(ctx.immediate, self._safe_extra(ctx))
+        metrics.REQUESTS.labels(decision.reason).inc()
+        metrics.ROUTE_DECISIONS.labels(decision.route).inc()
+        headers = {
+            "x-selected-model": decision.model,
+            "x-semantic-route": decision.route,
+            "x-semantic-route-score": f"{decision.score:.4f}",
+            "x-semantic-route-reason": decision.reason,
+        }
+        new_body = None
+        if ctx is not None:
+            headers = {**self._safe_extra(ctx), **headers}
+            if ctx.body_changed:
+                new_body = json.dumps(ctx.body, ensure_ascii=False, separators=(",", ":")).encode()
+                headers["content-length"] = str(len(new_body))
+        if engine.config.log_prompts and ctx is not None:
+            log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
+        return ext_proc.body_routed(headers, new_body)
+
+    @staticmethod
+    def _safe_extra(ctx: RequestContext) -> dict[str, str]:
+        ok = {}
+        for name, value in ctx.extra_headers.items():
+            if ext_proc.valid_header(name, value) and name not in ext_proc.ROUTER_HEADERS:
+                ok[name] = value
+            else:
+                log.warning("filter header dropped", extra={"header": name[:64]})
+        return ok

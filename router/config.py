@@ -1,0 +1,158 @@
+"""The router's configuration: one YAML file, validated at load into frozen dataclasses."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from router.settings_loader import ConfigError, FieldError, build
+
+__all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_HEADER_SAFE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise FieldError(key, message)
+
+
+def _header_safe(value: str, key: str) -> None:
+    # Route names and models become header values; only a safe alphabet may reach Envoy.
+    _require(bool(_HEADER_SAFE.match(value)), key, f"{value!r} must match {_HEADER_SAFE.pattern}")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    model: str = "bundled:all-MiniLM-L6-v2"  # bundled:NAME, a local path, or a hub name
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_seq_length: int | None = None  # None: the model's own limit
+    cpu_threads: int | None = None  # None: one per available core
+    half_precision: bool = True  # fp16 on CUDA; ignored on CPU
+
+    def __post_init__(self):
+        _require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(self.max_seq_length is None or self.max_seq_length >= 8, "max_seq_length", "must be at least 8")
+        _require(self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads", "must be at least 1")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 64
+    max_batch_tokens: int = 16384  # padded tokens (longest x count) per batch
+    max_queue_requests: int = 2048
+    max_queue_tokens: int = 262144
+    sort_window: int = 256
+    max_wait_ms: float = 0.0
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
+            _require(getattr(self, name) >= 1, name, "must be at least 1")
+        _require(self.max_wait_ms >= 0, "max_wait_ms", "must not be negative")
+        _require(self.max_queue_requests >= self.max_batch_size, "max_queue_requests", "must be >= max_batch_size")
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    model: str
+    utterances: tuple[str, ...]
+    threshold: float | None = None  # None: the config's default_threshold
+    description: str | None = None
+
+    def __post_init__(self):
+        _header_safe(self.name, "name")
+        _header_safe(self.model, "model")
+        _require(len(self.utterances) > 0, "utterances", "needs at least one utterance")
+        _require(self.threshold is None or -1.0 <= self.threshold <= 1.0, "threshold", "must be between -1 and 1")
+
+
+@dataclass(frozen=True)
+class DefaultRouteConfig:
+    name: str
+    model: str
+
+    def __post_init__(self):
+        _header_safe(self.name, "name")
+        _header_safe(self.model, "model")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9090
+    deadline_ms: float = 500.0  # a request still undecided by then gets the default route
+    shutdown_grace_s: float = 10.0
+
+    def __post_init__(self):
+        for name in ("grpc_port", "metrics_port"):
+            _require(0 <= getattr(self, name) <= 65535, name, "must be a port number (0 picks a free one)")
+        _require(self.deadline_ms > 0, "deadline_ms", "must be positive")
+        _require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must not be negative")
+
+
+@dataclass(frozen=True)
+class RequestsConfig:
+    model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
+    unknown_model: Literal["route", "reject"] = "route"
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self):
+        _require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    routes: tuple[RouteConfig, ...]
+    default_route: DefaultRouteConfig
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    default_threshold: float = 0.5
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    requests: RequestsConfig = field(default_factory=RequestsConfig)
+    filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
+    cache_size: int = 4096  # recent prompt -> decision; 0 turns the cache off
+    log_prompts: bool = False  # prompts are user data: off unless debugging
+
+    def __post_init__(self):
+        _require(len(self.routes) > 0, "routes", "needs at least one route")
+        seen = {self.default_route.name}
+        for i, route in enumerate(self.routes):
+            _require(route.name not in seen, f"routes[{i}].name", f"duplicate route name {route.name!r}")
+            seen.add(route.name)
+        _require(-1.0 <= self.default_threshold <= 1.0, "default_threshold", "must be between -1 and 1")
+        _require(self.cache_size >= 0, "cache_size", "must not be negative")
+
+    @property
+    def backend_models(self) -> frozenset[str]:
+        return frozenset([r.model for r in self.routes] + [self.default_route.model])
+
+    def threshold_of(self, route: RouteConfig) -> float:
+        return self.default_threshold if route.threshold is None else route.threshold
+
+
+def parse_config(data: object, source: str = "config") -> RouterConfig:
+    try:
+        return build(RouterConfig, data, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

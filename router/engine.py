@@ -1,0 +1,66 @@
+"""Turns a prompt into a routing decision within a deadline; never raises."""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from batching import BatcherClosed, ContinuousBatcher, DeadlineExceeded, Overloaded
+from router import metrics
+from router.classifier import Decision, RouteClassifier
+from router.config import RouterConfig
+from router.decision_cache import LRUCache
+
+log = logging.getLogger(__name__)
+
+_CACHEABLE_CHARS = 8192  # longer prompts are rare repeats and would pin memory in the cache
+
+
+class RoutingEngine:
+    def __init__(self, config: RouterConfig, batcher: ContinuousBatcher, classifier: RouteClassifier):
+        self.config = config
+        self.batcher = batcher
+        self.classifier = classifier
+        self.cache: LRUCache[Decision] = LRUCache(config.cache_size)
+
+    def default(self, reason: str) -> Decision:
+        return self.classifier.default(reason)
+
+    def pinned(self, model: str) -> Decision:
+        """The decision for a request that names a backend model itself."""
+        for route in self.config.routes:
+            if route.model == model:
+                return Decision(route.name, model, 1.0, "model_pinned")
+        return Decision(self.config.default_route.name, model, 1.0, "model_pinned")
+
+    async def embed(self, prompt: str, deadline: float) -> np.ndarray:
+        """Raises BatcherError (overload, deadline, shutdown) or the model's own error."""
+        return await self.batcher.embed(prompt, deadline)
+
+    async def decide(
+        self, prompt: str, deadline: float, embed: Callable[[], Awaitable[np.ndarray]] | None = None
+    ) -> Decision:
+        """`embed` lets a caller share an embedding it already has (or will need) for `prompt`."""
+        cacheable = len(prompt) <= _CACHEABLE_CHARS and self.cache.size > 0
+        if cacheable:
+            hit = self.cache.get(prompt)
+            metrics.CACHE.labels("hit" if hit else "miss").inc()
+            if hit is not None:
+                return hit
+        try:
+            embedding = await (embed() if embed else self.embed(prompt, deadline))
+        except Overloaded:
+            return self.default("fallback_overload")
+        except DeadlineExceeded:
+            return self.default("fallback_timeout")
+        except BatcherClosed:
+            return self.default("fallback_shutdown")
+        except Exception as exc:  # a model failure must never reach the request path
+            log.warning("embedding failed: %s", type(exc).__name__)
+            return self.default("fallback_error")
+        decision = self.classifier.classify(embedding)
+        if cacheable:
+            self.cache.put(prompt, decision)
+        return decision

@@ -1,0 +1,59 @@
+"""Every Prometheus metric the router exports (prefix semantic_router_), in one place."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512)
+_TOKENS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+REQUESTS = Counter(
+    "semantic_router_requests_total", "Requests processed, by outcome (the x-semantic-route-reason).", ["outcome"]
+)
+ROUTE_DECISIONS = Counter("semantic_router_route_decisions_total", "Routing decisions, by route.", ["route"])
+PROCESSING = Histogram(
+    "semantic_router_processing_seconds", "Time from request body received to ext_proc answer.", buckets=_LATENCY
+)
+BAD_REQUESTS = Counter("semantic_router_bad_requests_total", "Request bodies that could not be used, by kind.", ["kind"])
+CACHE = Counter("semantic_router_cache_total", "Decision cache lookups, by result (hit|miss).", ["result"])
+BATCH_SIZE = Histogram("semantic_router_batch_size", "Requests per model batch.", buckets=_BATCH)
+BATCH_TOKENS = Histogram(
+    "semantic_router_batch_tokens", "Padded tokens (longest x size) per model batch.", buckets=_TOKENS
+)
+PADDING_RATIO = Histogram(
+    "semantic_router_batch_padding_ratio",
+    "Share of a batch's padded tokens that are padding.",
+    buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0),
+)
+QUEUE_WAIT = Histogram("semantic_router_queue_wait_seconds", "Time a request waited before its batch ran.", buckets=_LATENCY)
+INFERENCE = Histogram("semantic_router_inference_seconds", "Model time per batch.", buckets=_LATENCY)
+QUEUE_DEPTH = Gauge("semantic_router_queue_depth", "Requests waiting in the batcher (admitted, not yet batched).")
+QUEUE_TOKENS = Gauge("semantic_router_queue_tokens", "Tokens waiting in the batcher.")
+BATCHER_DROPPED = Counter(
+    "semantic_router_batcher_dropped_total",
+    "Requests the batcher did not embed, by reason (overload|expired|cancelled|error).",
+    ["reason"],
+)
+CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
+
+
+class PrometheusBatchObserver:
+    """Feeds the batcher's reports into the histograms above."""
+
+    def on_batch(self, size: int, tokens: int, padded_tokens: int, inference_s: float, queue_waits_s: Sequence[float]) -> None:
+        BATCH_SIZE.observe(size)
+        BATCH_TOKENS.observe(padded_tokens)
+        PADDING_RATIO.observe(1.0 - tokens / padded_tokens if padded_tokens else 0.0)
+        INFERENCE.observe(inference_s)
+        for w in queue_waits_s:
+            QUEUE_WAIT.observe(w)
+
+    def on_dropped(self, reason: str, count: int) -> None:
+        BATCHER_DROPPED.labels(reason).inc(count)
+
+    def on_queue_depth(self, requests: int, tokens: int) -> None:
+        QUEUE_DEPTH.set(requests)
+        QUEUE_TOKENS.set(tokens)
