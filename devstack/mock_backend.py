@@ -10,13 +10,15 @@ from typing import Mapping
 
 from aiohttp import web
 
+NAME = web.AppKey("name", str)
+
 # Request headers worth showing back, so tests can see what actually reached the backend.
 _ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length")
 
 
 def _echo(request: web.Request, raw: bytes) -> dict:
     return {
-        "backend": request.app["name"],
+        "backend": request.app[NAME],
         "path": request.path,
         "body_bytes": len(raw),
         "headers": {h: request.headers.get(h) for h in _ECHOED if h in request.headers},
@@ -24,7 +26,7 @@ def _echo(request: web.Request, raw: bytes) -> dict:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    name = request.app["name"]
+    name = request.app[NAME]
     raw = await request.read()
     try:
         body = json.loads(raw)
@@ -69,12 +71,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def anything(request: web.Request) -> web.Response:
     raw = await request.read()
-    return web.json_response({"mock": _echo(request, raw)}, headers={"x-mock-backend": request.app["name"]})
+    return web.json_response({"mock": _echo(request, raw)}, headers={"x-mock-backend": request.app[NAME]})
 
 
 def make_app(name: str) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app["name"] = name
+    app[NAME] = name
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_route("*", "/{tail:.*}", anything)
     return app

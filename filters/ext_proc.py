@@ -43,16 +43,24 @@ def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
 
 
 _STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS))
+# A route may already have been picked on the spoofed value: make Envoy pick again without it.
+_STRIP_AND_REROUTE = pb.CommonResponse(
+    header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS), clear_route_cache=True
+)
 
 
-def headers_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=_STRIP_ROUTER_HEADERS))
+def _strip(spoofed: bool) -> pb.HeadersResponse:
+    return pb.HeadersResponse(response=_STRIP_AND_REROUTE if spoofed else _STRIP_ROUTER_HEADERS)
 
 
-def headers_skip_body() -> pb.ProcessingResponse:
+def headers_continue(spoofed: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_headers=_strip(spoofed))
+
+
+def headers_skip_body(spoofed: bool) -> pb.ProcessingResponse:
     """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body."""
     return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=_STRIP_ROUTER_HEADERS),
+        request_headers=_strip(spoofed),
         mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
     )
 

@@ -65,10 +65,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.headers = h
         stream.method = h.get(":method", "")
         stream.path = h.get(":path", "").split("?", 1)[0]
+        spoofed = any(name in h for name in ext_proc.ROUTER_HEADERS)
+        if spoofed:
+            metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
         if stream.method != "POST" or not stream.path.endswith(LLM_PATHS):
             metrics.REQUESTS.labels("not_processed").inc()
-            return ext_proc.headers_skip_body()
-        return ext_proc.headers_continue()
+            return ext_proc.headers_skip_body(spoofed)
+        return ext_proc.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
         started = time.perf_counter()

@@ -1,0 +1,59 @@
+"""Test doubles for the model side only (the batcher, router and service under test are real)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+POISON = "poison"
+
+
+class FakeBackend:
+    """Token ids are word lengths; the embedding encodes the text so results can be checked.
+
+    `gate` (when set) holds the model thread inside `embed` so tests can make requests
+    pile up deterministically.
+    """
+
+    dim = 64
+
+    def __init__(self, hold: bool = False):
+        self.batches: list[list[str]] = []
+        self.tokenized: list[str] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        if not hold:
+            self.gate.set()
+        self._lock = threading.Lock()
+        self._texts: dict[tuple[int, ...], str] = {}
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        out = []
+        for t in texts:
+            ids = [101] + [hash(w) % 30000 for w in t.split()] + [102]
+            with self._lock:
+                self._texts[tuple(ids)] = t
+                self.tokenized.append(t)
+            out.append(ids)
+        return out
+
+    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        texts = [self._texts[tuple(ids)] for ids in token_ids]
+        self.entered.set()
+        self.gate.wait(30)
+        if POISON in texts:
+            raise ValueError("poisoned batch")
+        with self._lock:
+            self.batches.append(texts)
+        return np.stack([vector_for(t) for t in texts])
+
+    def warmup(self) -> None:
+        pass
+
+
+def vector_for(text: str) -> np.ndarray:
+    rng = np.random.default_rng(abs(hash(text)) % (2**32))
+    v = rng.standard_normal(FakeBackend.dim).astype(np.float32)
+    return v / np.linalg.norm(v)

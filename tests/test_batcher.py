@@ -1,0 +1,258 @@
+"""The continuous batcher with a fake model: batch formation, limits, fairness and every failure path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from batching import BatcherClosed, BatcherSettings, ContinuousBatcher, DeadlineExceeded, Overloaded
+from batching.queue import WorkItem, choose_batch
+from tests.fakes import POISON, FakeBackend, vector_for
+
+
+class CountingObserver:
+    def __init__(self):
+        self.batches = []
+        self.dropped = {}
+
+    def on_batch(self, size, tokens, padded_tokens, inference_s, queue_waits_s):
+        self.batches.append((size, tokens, padded_tokens))
+
+    def on_dropped(self, reason, count):
+        self.dropped[reason] = self.dropped.get(reason, 0) + count
+
+    def on_queue_depth(self, requests, tokens):
+        pass
+
+
+def far() -> float:
+    return time.monotonic() + 30
+
+
+async def wait_until(cond, timeout=10.0):
+    give_up = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > give_up:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+async def started(backend, **settings) -> tuple[ContinuousBatcher, CountingObserver]:
+    obs = CountingObserver()
+    b = ContinuousBatcher(backend, BatcherSettings(**settings), obs)
+    b.start()
+    return b, obs
+
+
+async def hold_first(b: ContinuousBatcher, backend: FakeBackend) -> asyncio.Task:
+    """Occupy the model thread with one request so that later ones queue up."""
+    first = asyncio.create_task(b.embed("first", far()))
+    await asyncio.to_thread(backend.entered.wait, 10)
+    return first
+
+
+def test_results_match_each_request():
+    async def main():
+        b, _ = await started(FakeBackend())
+        texts = [f"text number {i}" for i in range(20)]
+        out = await asyncio.gather(*(b.embed(t, far()) for t in texts))
+        for t, v in zip(texts, out):
+            np.testing.assert_allclose(v, vector_for(t))
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_requests_arriving_while_model_busy_form_one_batch():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await started(backend)
+        first = await hold_first(b, backend)
+        rest = [asyncio.create_task(b.embed(f"q {i}", far())) for i in range(10)]
+        await wait_until(lambda: len(backend.tokenized) == 11)
+        backend.gate.set()
+        await asyncio.gather(first, *rest)
+        assert [len(x) for x in backend.batches] == [1, 10]
+        assert [s for s, _, _ in obs.batches] == [1, 10]
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_max_batch_size_splits_queue_fifo():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await started(backend, max_batch_size=4)
+        first = await hold_first(b, backend)
+        rest = [asyncio.create_task(b.embed(f"same length {i}", far())) for i in range(10)]
+        await wait_until(lambda: len(backend.tokenized) == 11)
+        backend.gate.set()
+        await asyncio.gather(first, *rest)
+        assert [len(x) for x in backend.batches] == [1, 4, 4, 2]
+        # Equal lengths: batches keep arrival order.
+        assert backend.batches[1] == [f"same length {i}" for i in range(4)]
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_padded_token_budget_is_respected():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await started(backend, max_batch_size=64, max_batch_tokens=40)
+        first = await hold_first(b, backend)
+        texts = [" ".join(["w"] * n) for n in (2, 18, 3, 17, 2, 4, 16, 1)]
+        rest = [asyncio.create_task(b.embed(t, far())) for t in texts]
+        await wait_until(lambda: len(backend.tokenized) == 1 + len(texts))
+        backend.gate.set()
+        await asyncio.gather(first, *rest)
+        assert all(padded <= 40 for _, _, padded in obs.batches)
+        assert sorted(t for batch in backend.batches[1:] for t in batch) == sorted(texts)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def _items(lengths):
+    return [WorkItem(text=str(i), deadline=0, future=None, token_ids=[0] * n) for i, n in enumerate(lengths)]
+
+
+def test_choose_batch_always_takes_the_oldest_and_groups_by_length():
+    window = _items([50, 5, 6, 48, 7, 49, 5])
+    picked = choose_batch(window, max_size=3, max_tokens=10_000)
+    assert 0 in picked
+    assert sorted(window[i].n_tokens for i in picked) == [48, 49, 50]
+
+
+def test_choose_batch_cuts_padding_against_fifo():
+    window = _items([5, 50, 6, 48, 7, 5])
+    picked = choose_batch(window, max_size=4, max_tokens=10_000)
+    assert sorted(window[i].n_tokens for i in picked) == [5, 5, 6, 7]
+
+
+def test_long_request_does_not_starve_behind_short_ones():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await started(backend, max_batch_size=2, window=4)
+        first = await hold_first(b, backend)
+        long_text = " ".join(["long"] * 30)
+        long_task = asyncio.create_task(b.embed(long_text, far()))
+        shorts = [asyncio.create_task(b.embed(f"s {i}", far())) for i in range(12)]
+        await wait_until(lambda: len(backend.tokenized) == 14)
+        backend.gate.set()
+        await asyncio.gather(first, long_task, *shorts)
+        # The long request was the oldest queued one, so it went in the very next batch.
+        assert long_text in backend.batches[1]
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_full_queue_fails_at_once_with_overload():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await started(backend, max_batch_size=1, max_queue_requests=2)
+        first = await hold_first(b, backend)
+        queued = [asyncio.create_task(b.embed(f"q{i}", far())) for i in range(2)]
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(Overloaded):
+            await b.embed("one too many", far())
+        assert time.monotonic() - t0 < 1.0
+        assert obs.dropped["overload"] == 1
+        backend.gate.set()
+        await asyncio.gather(first, *queued)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_token_bound_on_queue_overloads():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await started(backend, max_batch_size=1, max_queue_tokens=10)
+        first = await hold_first(b, backend)
+        with pytest.raises(Overloaded):
+            await b.embed(" ".join(["x"] * 20), far())
+        backend.gate.set()
+        await first
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_expired_request_is_never_computed():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await started(backend)
+        first = await hold_first(b, backend)
+        with pytest.raises(DeadlineExceeded):
+            await b.embed("too late", time.monotonic() + 0.05)
+        backend.gate.set()
+        await first
+        await b.embed("after", far())
+        assert all("too late" not in batch for batch in backend.batches)
+        assert obs.dropped.get("cancelled", 0) + obs.dropped.get("expired", 0) >= 1
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_cancelled_request_is_never_computed():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await started(backend)
+        first = await hold_first(b, backend)
+        gone = asyncio.create_task(b.embed("client went away", far()))
+        await wait_until(lambda: "client went away" in backend.tokenized)
+        gone.cancel()
+        backend.gate.set()
+        await first
+        await b.embed("after", far())
+        assert gone.cancelled()
+        assert all("client went away" not in batch for batch in backend.batches)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_poison_input_fails_only_itself():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await started(backend)
+        first = await hold_first(b, backend)
+        good = [asyncio.create_task(b.embed(f"good {i}", far())) for i in range(5)]
+        bad = asyncio.create_task(b.embed(POISON, far()))
+        await wait_until(lambda: len(backend.tokenized) == 7)
+        backend.gate.set()
+        await asyncio.gather(first, *good)
+        with pytest.raises(ValueError):
+            await bad
+        assert obs.dropped["error"] == 1
+        # The batcher keeps serving afterwards.
+        np.testing.assert_allclose(await b.embed("later", far()), vector_for("later"))
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_shutdown_drains_queued_requests_and_refuses_new_ones():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await started(backend, max_batch_size=2)
+        first = await hold_first(b, backend)
+        queued = [asyncio.create_task(b.embed(f"q{i}", far())) for i in range(5)]
+        await wait_until(lambda: len(backend.tokenized) == 6)
+        closing = asyncio.create_task(b.aclose())
+        await asyncio.sleep(0.05)
+        with pytest.raises(BatcherClosed):
+            await b.embed("new", far())
+        backend.gate.set()
+        await closing
+        results = await asyncio.gather(first, *queued)
+        assert len(results) == 6 and all(r.shape == (FakeBackend.dim,) for r in results)
+
+    asyncio.run(main())

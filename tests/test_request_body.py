@@ -1,0 +1,85 @@
+"""Prompt and model extraction from the request shapes LLM gateways see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from filters.request_body import BadBody, parse_body
+
+CHAT = "/v1/chat/completions"
+
+
+def body(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def test_last_user_message_string_content():
+    parsed = parse_body(
+        body({"model": "auto", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "answer"},
+            {"role": "user", "content": "second question"},
+        ]}),
+        CHAT,
+    )
+    assert parsed.model == "auto"
+    assert parsed.prompt == "second question"
+
+
+def test_content_parts_keep_text_ignore_images():
+    parsed = parse_body(
+        body({"model": "auto", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:..."}},
+            {"type": "text", "text": "what is in"},
+            {"type": "text", "text": "this picture"},
+        ]}]}),
+        CHAT,
+    )
+    assert parsed.prompt == "what is in\nthis picture"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"model": "auto"},
+        {"model": "auto", "messages": []},
+        {"model": "auto", "messages": "hello"},
+        {"model": "auto", "messages": [{"role": "user", "content": 42}]},
+        {"model": "auto", "messages": [{"role": "user", "content": "   "}]},
+        {"model": "auto", "messages": [{"role": "assistant", "content": "hi"}]},
+        {"model": "auto", "messages": [None, 3, "x"]},
+    ],
+)
+def test_no_usable_prompt_is_none_not_an_error(obj):
+    assert parse_body(body(obj), CHAT).prompt is None
+
+
+@pytest.mark.parametrize(
+    "raw, kind",
+    [
+        (b"", "empty"),
+        (b"not json", "not_json"),
+        (b"\xff\xfe\x00garbage\x80", "not_utf8"),
+        (b"[1, 2, 3]", "not_object"),
+        (b'"just a string"', "not_object"),
+        (b'{"model": 5, "messages": []}', "bad_model"),
+        (b"{" * 100000, "not_json"),
+    ],
+)
+def test_unusable_bodies_raise_badbody_with_kind(raw, kind):
+    with pytest.raises(BadBody) as err:
+        parse_body(raw, CHAT)
+    assert err.value.kind == kind
+
+
+def test_other_api_shapes():
+    assert parse_body(body({"model": "auto", "prompt": "complete this"}), "/v1/completions").prompt == "complete this"
+    assert parse_body(body({"model": "auto", "prompt": ["a", "b"]}), "/v1/completions").prompt == "b"
+    assert parse_body(body({"model": "auto", "input": "hello"}), "/v1/responses").prompt == "hello"
+    items = {"model": "auto", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi there"}]}]}
+    assert parse_body(body(items), "/v1/responses").prompt == "hi there"
+    anthropic = {"model": "auto", "system": "x", "messages": [{"role": "user", "content": "bonjour"}]}
+    assert parse_body(body(anthropic), "/v1/messages").prompt == "bonjour"

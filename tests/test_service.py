@@ -1,0 +1,232 @@
+"""The ext_proc service over a real gRPC channel, with the real filter chain and engine on a fake model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import types
+
+import grpc
+import numpy as np
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from batching import BatcherSettings, ContinuousBatcher
+from filters.install import install
+from router.classifier import RouteClassifier
+from router.config import parse_config
+from router.engine import RoutingEngine
+from tests.fakes import FakeBackend, vector_for
+
+CONFIG = {
+    "routes": [
+        {"name": "math", "model": "math-model", "utterances": ["solve 3x + 5 = 20"]},
+        {"name": "code", "model": "code-model", "utterances": ["write a python function"]},
+    ],
+    "default_route": {"name": "general", "model": "general-model"},
+    "default_threshold": 0.9,
+}
+
+
+def headers_msg(path="/v1/chat/completions", method="POST", extra=(), end_of_stream=False):
+    hs = [(":path", path), (":method", method), ("content-type", "application/json"), *extra]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs]),
+            end_of_stream=end_of_stream,
+        )
+    )
+
+
+def body_msg(obj) -> pb.ProcessingRequest:
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))
+
+
+def chat(prompt, model="auto"):
+    return {"model": model, "messages": [{"role": "user", "content": prompt}]}
+
+
+def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
+    common = resp.request_body.response
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+class Harness:
+    """A real grpc.aio server on loopback carrying the ext_proc service; one client stream per call."""
+
+    def __init__(self, config=CONFIG, backend=None):
+        self.config = parse_config(config)
+        self.backend = backend or FakeBackend()
+
+    async def __aenter__(self):
+        self.batcher = ContinuousBatcher(self.backend, BatcherSettings())
+        self.batcher.start()
+        classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
+        self.app = types.SimpleNamespace(config=self.config, engine=RoutingEngine(self.config, self.batcher, classifier))
+        self.server = grpc.aio.server()
+        install(self.server, self.app)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pb_grpc.ExternalProcessorStub(self.channel)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.channel.close()
+        await self.server.stop(1)
+        await self.batcher.aclose()
+
+    async def exchange(self, *messages) -> list[pb.ProcessingResponse]:
+        call = self.stub.Process()
+        out = []
+        for m in messages:
+            await call.write(m)
+            out.append(await asyncio.wait_for(call.read(), 5))
+        await call.done_writing()
+        return out
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_headers_phase_strips_client_supplied_router_headers():
+    async def main():
+        async with Harness() as h:
+            (resp,) = await h.exchange(headers_msg(extra=[("x-selected-model", "math-model")]))
+            removed = list(resp.request_headers.response.header_mutation.remove_headers)
+            assert "x-selected-model" in removed and "x-semantic-route" in removed
+            assert not resp.HasField("mode_override")
+
+    run(main())
+
+
+def test_matching_prompt_routes_and_rewrites_model():
+    async def main():
+        async with Harness() as h:
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("solve 3x + 5 = 20")))
+            hs = set_headers(resp)
+            assert hs["x-selected-model"] == "math-model"
+            assert hs["x-semantic-route"] == "math"
+            assert hs["x-semantic-route-reason"] == "matched"
+            assert float(hs["x-semantic-route-score"]) > 0.99
+            assert resp.request_body.response.clear_route_cache
+            new_body = resp.request_body.response.body_mutation.body
+            assert json.loads(new_body)["model"] == "math-model"
+            assert json.loads(new_body)["messages"] == chat("solve 3x + 5 = 20")["messages"]
+            assert hs["content-length"] == str(len(new_body))
+
+    run(main())
+
+
+def test_unmatched_prompt_gets_default_route():
+    async def main():
+        async with Harness() as h:
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("tell me a joke")))
+            hs = set_headers(resp)
+            assert (hs["x-semantic-route"], hs["x-semantic-route-reason"]) == ("general", "default")
+            assert json.loads(resp.request_body.response.body_mutation.body)["model"] == "general-model"
+
+    run(main())
+
+
+def test_pinned_backend_model_passes_untouched():
+    async def main():
+        async with Harness() as h:
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("solve 3x + 5 = 20", model="code-model")))
+            hs = set_headers(resp)
+            assert (hs["x-selected-model"], hs["x-semantic-route"], hs["x-semantic-route-reason"]) == (
+                "code-model", "code", "model_pinned")
+            assert not resp.request_body.response.HasField("body_mutation")
+            assert h.backend.tokenized == []  # no embedding needed
+
+    run(main())
+
+
+def test_unknown_model_rejected_when_configured():
+    async def main():
+        cfg = {**CONFIG, "requests": {"unknown_model": "reject"}}
+        async with Harness(cfg) as h:
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("hi", model="gpt-9")))
+            assert resp.HasField("immediate_response")
+            assert resp.immediate_response.status.code == 400
+            assert json.loads(resp.immediate_response.body)["error"]["code"] == "model_not_found"
+
+    run(main())
+
+
+def test_bad_bodies_get_default_route_never_an_error():
+    async def main():
+        async with Harness() as h:
+            for raw, reason in [
+                (b"not json", "invalid_body"),
+                (b"[1,2]", "invalid_body"),
+                (b"\x00\xff\xfe", "invalid_body"),
+                (json.dumps({"model": "auto", "messages": []}).encode(), "no_prompt"),
+            ]:
+                _, resp = await h.exchange(headers_msg(), body_msg(raw))
+                hs = set_headers(resp)
+                assert (hs["x-semantic-route"], hs["x-semantic-route-reason"]) == ("general", reason), raw
+
+    run(main())
+
+
+def test_non_llm_requests_skip_body_processing():
+    async def main():
+        async with Harness() as h:
+            for msg in (headers_msg(path="/healthz", method="GET", end_of_stream=True), headers_msg(path="/v1/models")):
+                (resp,) = await h.exchange(msg)
+                assert resp.HasField("mode_override")
+                assert resp.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+
+    run(main())
+
+
+def test_model_failure_falls_back_with_reason():
+    class Broken(FakeBackend):
+        def embed(self, token_ids):
+            raise RuntimeError("CUDA error: device-side assert")
+
+    async def main():
+        async with Harness(backend=Broken()) as h:
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("solve 3x + 5 = 20")))
+            hs = set_headers(resp)
+            assert (hs["x-semantic-route"], hs["x-semantic-route-reason"]) == ("general", "fallback_error")
+
+    run(main())
+
+
+def test_slow_model_falls_back_within_deadline():
+    async def main():
+        backend = FakeBackend(hold=True)  # the model never returns while held
+        cfg = {**CONFIG, "server": {"deadline_ms": 100}}
+        async with Harness(cfg, backend) as h:
+            t0 = time.monotonic()
+            _, resp = await h.exchange(headers_msg(), body_msg(chat("solve 3x + 5 = 20")))
+            elapsed = time.monotonic() - t0
+            backend.gate.set()
+            hs = set_headers(resp)
+            assert hs["x-semantic-route-reason"] == "fallback_timeout"
+            assert elapsed < 2.0
+
+    run(main())
+
+
+def test_concurrent_streams_share_batches():
+    async def main():
+        backend = FakeBackend(hold=True)
+        async with Harness(backend=backend) as h:
+            first = asyncio.create_task(h.exchange(headers_msg(), body_msg(chat("warm the model"))))
+            await asyncio.to_thread(backend.entered.wait, 5)
+            others = [asyncio.create_task(h.exchange(headers_msg(), body_msg(chat(f"prompt {i}")))) for i in range(8)]
+            while len(backend.tokenized) < 9:
+                await asyncio.sleep(0.01)
+            backend.gate.set()
+            await asyncio.gather(first, *others)
+            assert max(len(b) for b in backend.batches) == 8
+
+    run(main())
