@@ -18,6 +18,11 @@ class Backend(Protocol):
         """One float32 row per input, in input order. Pads internally."""
         ...
 
+    def prepare_thread(self) -> None:
+        """Called once on the model thread before its first batch: per-thread runtime settings
+        (torch's intra-op thread count is per thread, for one) belong here."""
+        ...
+
     def warmup(self) -> None:
         """Run representative shapes once so the first real batch is not slow."""
         ...

@@ -36,6 +36,7 @@ class BatcherSettings:
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
     window: int = 256  # oldest requests among which batches are sorted by length
+    max_padding: float = 0.3  # share of a batch's padded tokens allowed to be padding
     max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
 
 
@@ -45,7 +46,8 @@ class ContinuousBatcher:
         self.settings = settings
         self.observer = observer or NullObserver()
         self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.window)
-        self._inbox: stdqueue.SimpleQueue[WorkItem | None] = stdqueue.SimpleQueue()
+        self._inbox: stdqueue.SimpleQueue[list[WorkItem] | None] = stdqueue.SimpleQueue()
+        self._arrivals: list[WorkItem] = []  # this loop iteration's submissions, handed over together
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
@@ -64,6 +66,8 @@ class ContinuousBatcher:
     async def aclose(self, drain_timeout: float = 10.0) -> None:
         """Stop taking work, answer everything already queued, then stop the threads."""
         self._closing = True
+        if self._arrivals:  # hand over this iteration's submissions before the stop marker
+            self._hand_over()
         self._inbox.put(None)
         loop = asyncio.get_running_loop()
         # The tokenizer must finish first so that what it still holds is queued before close().
@@ -87,15 +91,25 @@ class ContinuousBatcher:
             raise Overloaded(f"queue holds {self._queue.max_requests} requests")
         fut = self._loop.create_future()
         item = WorkItem(text=text, deadline=deadline, future=fut)
-        self._inbox.put(item)
+        if not self._arrivals:
+            self._loop.call_soon(self._hand_over)
+        self._arrivals.append(item)
         try:
-            return await asyncio.wait_for(fut, timeout=max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+            async with asyncio.timeout_at(deadline):
+                return await fut
+        except TimeoutError:
             item.cancelled = True
             raise DeadlineExceeded("deadline passed while queued or running") from None
         except asyncio.CancelledError:
             item.cancelled = True
             raise
+
+    def _hand_over(self) -> None:
+        # One hand-off per loop iteration, not per request: clients that resume together
+        # (a batch just settled) reach the tokenizer, and then the model, together.
+        arrivals, self._arrivals = self._arrivals, []
+        if arrivals:
+            self._inbox.put(arrivals)
 
     def _settle(self, items: Sequence[WorkItem], outcomes: Sequence[object]) -> None:
         for item, outcome in zip(items, outcomes):
@@ -119,7 +133,7 @@ class ContinuousBatcher:
         stopping = False
         while not stopping:
             first = self._inbox.get()
-            items = [] if first is None else [first]
+            items = [] if first is None else list(first)
             stopping = first is None
             while len(items) < _TOKENIZE_CHUNK:
                 try:
@@ -129,7 +143,7 @@ class ContinuousBatcher:
                 if nxt is None:
                     stopping = True
                     continue
-                items.append(nxt)
+                items.extend(nxt)
             self._admit(items)
 
     def _admit(self, items: list[WorkItem]) -> None:
@@ -151,16 +165,18 @@ class ContinuousBatcher:
                     ids.append(one_exc)
         failed: list[WorkItem] = []
         errors: list[object] = []
+        ready: list[WorkItem] = []
         for item, tok in zip(live, ids):
             if isinstance(tok, Exception):
                 failed.append(item)
                 errors.append(tok)
-                continue
-            item.token_ids = tok
-            if not self._queue.put(item):
-                failed.append(item)
-                errors.append(Overloaded(f"queue holds {self._queue.max_tokens} tokens"))
-                self.observer.on_dropped("overload", 1)
+            else:
+                item.token_ids = tok
+                ready.append(item)
+        for item in self._queue.put_many(ready):
+            failed.append(item)
+            errors.append(Overloaded(f"queue holds {self._queue.max_tokens} tokens"))
+            self.observer.on_dropped("overload", 1)
         if failed:
             self._queue.release(len(failed))
             self._settle_from_thread(failed, errors)
@@ -170,8 +186,9 @@ class ContinuousBatcher:
 
     def _model_loop(self) -> None:
         s = self.settings
+        self.backend.prepare_thread()
         while True:
-            batch = self._queue.next_batch(s.max_batch_size, s.max_batch_tokens, s.max_wait_s)
+            batch = self._queue.next_batch(s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s)
             if batch is None:
                 return
             try:

@@ -41,24 +41,34 @@ class Batch:
         return max((i.n_tokens for i in self.items), default=0) * len(self.items)
 
 
-def choose_batch(window: list[WorkItem], max_size: int, max_tokens: int) -> list[int]:
+def choose_batch(window: list[WorkItem], max_size: int, max_tokens: int, max_padding: float = 1.0) -> list[int]:
     """Indices into `window` (oldest first) forming the next batch.
 
-    The oldest request is always in the batch, so nobody starves; the rest are its nearest
-    neighbours by token length, shorter ones first because they add no padding. Cost is
-    counted as padded tokens (longest x count), which is what the model pays.
+    The oldest request is always in the batch, so nobody starves. The batch grows by the
+    neighbour closest in token length (shorter first on ties: it adds no padding) while it
+    stays within `max_size`, `max_tokens` padded tokens (longest x count, what the model pays)
+    and `max_padding` (the share of padded tokens that are padding).
     """
     order = sorted(range(len(window)), key=lambda i: window[i].n_tokens)
-    anchor = order.index(0)
-    lo = hi = anchor
-    longest = window[0].n_tokens
+    lens = [window[i].n_tokens for i in order]
+    lo = hi = order.index(0)
+    useful = longest = lens[lo]
+
+    def fits(add: int, new_longest: int, n: int) -> bool:
+        padded = new_longest * n
+        return padded <= max_tokens and 1.0 - (useful + add) / padded <= max_padding
+
     while hi - lo + 1 < max_size:
         n = hi - lo + 2
-        if lo > 0 and longest * n <= max_tokens:
+        left = lo > 0 and fits(lens[lo - 1], longest, n)
+        right = hi + 1 < len(lens) and fits(lens[hi + 1], lens[hi + 1], n)
+        if left and (not right or longest - lens[lo - 1] <= lens[hi + 1] - longest):
             lo -= 1
-        elif hi + 1 < len(order) and window[order[hi + 1]].n_tokens * n <= max_tokens:
+            useful += lens[lo]
+        elif right:
             hi += 1
-            longest = window[order[hi]].n_tokens
+            useful += lens[hi]
+            longest = lens[hi]
         else:
             break
     return order[lo : hi + 1]
@@ -99,14 +109,19 @@ class BatchQueue:
             self._reserved -= n
             self._cond.notify_all()
 
-    def put(self, item: WorkItem) -> bool:
+    def put_many(self, items: list[WorkItem]) -> list[WorkItem]:
+        """Queue items in order under one lock (so the model thread sees them together).
+        Returns those refused because the token bound would be exceeded."""
+        refused = []
         with self._cond:
-            if self._tokens + item.n_tokens > self.max_tokens:
-                return False
-            self._items.append(item)
-            self._tokens += item.n_tokens
+            for item in items:
+                if self._tokens + item.n_tokens > self.max_tokens:
+                    refused.append(item)
+                    continue
+                self._items.append(item)
+                self._tokens += item.n_tokens
             self._cond.notify_all()
-            return True
+        return refused
 
     def close(self) -> None:
         with self._cond:
@@ -117,7 +132,7 @@ class BatchQueue:
         with self._cond:
             return self._cond.wait_for(lambda: self._reserved == 0, timeout)
 
-    def next_batch(self, max_size: int, max_tokens: int, max_wait: float = 0.0) -> Batch | None:
+    def next_batch(self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0) -> Batch | None:
         """Block until there is work; None once closed and nothing is left reserved."""
         with self._cond:
             while not self._items:
@@ -133,7 +148,7 @@ class BatchQueue:
             live = [i for i in window if not i.cancelled and i.deadline > now]
             chosen: list[WorkItem] = []
             if live:
-                picked = set(choose_batch(live, max_size, max_tokens))
+                picked = set(choose_batch(live, max_size, max_tokens, max_padding))
                 chosen = [live[i] for i in sorted(picked)]
                 self._items.extendleft(reversed([w for i, w in enumerate(live) if i not in picked]))
             gone = len(chosen) + len(expired) + len(cancelled)

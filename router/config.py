@@ -48,12 +48,14 @@ class BatchingConfig:
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
     sort_window: int = 256
+    max_padding: float = 0.3  # share of a batch's padded tokens that may be padding
     max_wait_ms: float = 0.0
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
             _require(getattr(self, name) >= 1, name, "must be at least 1")
         _require(self.max_wait_ms >= 0, "max_wait_ms", "must not be negative")
+        _require(0.0 <= self.max_padding <= 1.0, "max_padding", "must be between 0 and 1")
         _require(self.max_queue_requests >= self.max_batch_size, "max_queue_requests", "must be >= max_batch_size")
 
 

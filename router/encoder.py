@@ -59,8 +59,8 @@ class SentenceEncoder:
 
         self._torch = torch
         self.device = resolve_device(config.device)
-        if self.device == "cpu":
-            torch.set_num_threads(config.cpu_threads or max(1, len(os.sched_getaffinity(0))))
+        self.cpu_threads = config.cpu_threads or max(1, len(os.sched_getaffinity(0)))
+        self.prepare_thread()
         self.model = SentenceTransformer(model_path, device=self.device)
         self.model.eval()
         self.half = self.device.startswith("cuda") and config.half_precision
@@ -74,6 +74,11 @@ class SentenceEncoder:
             "encoder loaded",
             extra={"model": config.model, "device": self.device, "half": self.half, "max_seq_length": self.max_seq_length},
         )
+
+    def prepare_thread(self) -> None:
+        # torch's intra-op thread count is per calling thread: set it where the model runs.
+        if self.device == "cpu":
+            self._torch.set_num_threads(self.cpu_threads)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         out = self.tokenizer(
@@ -107,6 +112,7 @@ class SentenceEncoder:
         return np.concatenate(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
 
     def warmup(self) -> None:
+        self.prepare_thread()
         # Representative shapes: single short request, a full short batch, a long one.
         for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
             self.embed([[self.pad_id + 1] * length] * n)

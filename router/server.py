@@ -34,6 +34,7 @@ def batcher_settings(config: RouterConfig) -> BatcherSettings:
         max_queue_requests=b.max_queue_requests,
         max_queue_tokens=b.max_queue_tokens,
         window=b.sort_window,
+        max_padding=b.max_padding,
         max_wait_s=b.max_wait_ms / 1000.0,
     )
 

@@ -49,6 +49,9 @@ class FakeBackend:
             self.batches.append(texts)
         return np.stack([vector_for(t) for t in texts])
 
+    def prepare_thread(self) -> None:
+        pass
+
     def warmup(self) -> None:
         pass
 

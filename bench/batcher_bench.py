@@ -1,0 +1,214 @@
+"""Batcher benchmark: the model's ceiling vs a naive unbatched server vs the continuous batcher.
+
+    python -m bench.batcher_bench [--device cpu|cuda] [--scale 1.0] [--out result.json]
+
+All figures come from one run on one machine, so compare them as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from batching import BatcherError, BatcherSettings, ContinuousBatcher
+from bench.report import emit, latency_stats
+from bench.workloads import WORKLOADS
+from router.config import EncoderConfig
+from router.encoder import SentenceEncoder
+
+FAR = 3600.0
+
+
+class BatchStats:
+    """Batcher observer that keeps what the report needs."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.sizes, self.tokens, self.padded = [], 0, 0
+
+    def on_batch(self, size, tokens, padded_tokens, inference_s, queue_waits_s):
+        self.sizes.append(size)
+        self.tokens += tokens
+        self.padded += padded_tokens
+
+    def on_dropped(self, reason, count):
+        pass
+
+    def on_queue_depth(self, requests, tokens):
+        pass
+
+    def summary(self) -> dict:
+        return {
+            "mean_batch": round(sum(self.sizes) / len(self.sizes), 2) if self.sizes else None,
+            "padding": round(1 - self.tokens / self.padded, 3) if self.padded else None,
+            "batches": len(self.sizes),
+        }
+
+
+def ceiling(enc: SentenceEncoder, texts: list[str], batch: int) -> float:
+    """Offline encode at the max batch size, sorted by length: the model's best case (req/s)."""
+    ordered = sorted(texts, key=len)
+    t0 = time.perf_counter()
+    for i in range(0, len(ordered), batch):
+        enc.embed(enc.tokenize(ordered[i : i + batch]))
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def single_latency(enc: SentenceEncoder, texts: list[str], n: int = 30) -> dict:
+    lat = []
+    for t in texts[:n]:
+        t0 = time.perf_counter()
+        enc.embed(enc.tokenize([t]))
+        lat.append(time.perf_counter() - t0)
+    return latency_stats(lat)
+
+
+async def closed_loop(submit, texts: list[str], concurrency: int, total: int) -> dict:
+    """`concurrency` clients, each sending its next request as soon as the last is answered."""
+    next_index = 0
+    latencies: list[float] = []
+    errors = 0
+
+    async def client():
+        nonlocal next_index, errors
+        while next_index < total:
+            text = texts[next_index % len(texts)]
+            next_index += 1
+            t0 = time.perf_counter()
+            try:
+                await submit(text)
+                latencies.append(time.perf_counter() - t0)
+            except BatcherError:
+                errors += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    return {"throughput_rps": round(len(latencies) / elapsed, 1), **latency_stats(latencies), "errors": errors}
+
+
+async def open_loop(submit, texts: list[str], rate: float, duration: float, seed: int = 7) -> dict:
+    """Poisson arrivals at `rate` req/s for `duration` s, whatever the server's speed."""
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(text):
+        nonlocal errors
+        t0 = time.perf_counter()
+        try:
+            await submit(text)
+            latencies.append(time.perf_counter() - t0)
+        except BatcherError:
+            errors += 1
+
+    tasks = []
+    start = time.perf_counter()
+    at = 0.0
+    i = 0
+    while at < duration:
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(texts[i % len(texts)])))
+        i += 1
+        at += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    return {"throughput_rps": round(len(latencies) / elapsed, 1), **latency_stats(latencies), "errors": errors,
+            "offered_rps": round(rate, 1)}
+
+
+async def run_workload(enc: SentenceEncoder, name: str, scale: float, settings: BatcherSettings) -> tuple[list, dict]:
+    n = max(64, int((2048 if name == "short" else 512) * scale))
+    texts = WORKLOADS[name](n)
+    rows = []
+    ceiling(enc, texts[: settings.max_batch_size * 2], settings.max_batch_size)  # warm caches
+    ceil_rps = ceiling(enc, texts, settings.max_batch_size)
+    single = single_latency(enc, texts)
+    rows.append({"workload": name, "scenario": "ceiling", "throughput_rps": round(ceil_rps, 1)})
+    rows.append({"workload": name, "scenario": "single_request", **single})
+
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor() as pool:  # what a naive server does: one encode per request, in threads
+        naive = await closed_loop(
+            lambda t: loop.run_in_executor(pool, lambda: enc.embed(enc.tokenize([t]))), texts, 64, n // 2
+        )
+    rows.append({"workload": name, "scenario": "unbatched_c64", **naive})
+
+    stats = BatchStats()
+    batcher = ContinuousBatcher(enc, settings, stats)
+    batcher.start()
+
+    def submit(text):
+        return batcher.embed(text, time.monotonic() + FAR)
+
+    for c in (1, 8, 64, 256):
+        stats.reset()
+        total = min(n, max(64, 16 * c)) if c == 1 else n
+        rows.append({"workload": name, "scenario": f"batcher_c{c}", **await closed_loop(submit, texts, c, total),
+                     **stats.summary()})
+    duration = max(3.0, 6.0 * scale)
+    for load in (0.5, 0.8, 0.95):
+        stats.reset()
+        res = await open_loop(submit, texts, load * ceil_rps, duration)
+        rows.append({"workload": name, "scenario": f"poisson_{int(load * 100)}pct", **res, **stats.summary()})
+    await batcher.aclose()
+
+    by = {r["scenario"]: r for r in rows}
+    c64 = by["batcher_c64"]["throughput_rps"]
+    checks = {
+        f"{name}: batcher c64 >= 0.9 x ceiling": {
+            "ok": c64 >= 0.9 * ceil_rps, "detail": f"{c64:.1f} vs {ceil_rps:.1f} req/s ({c64 / ceil_rps:.2f}x)"},
+        f"{name}: batcher c64 >= 1.5 x unbatched": {
+            "ok": c64 >= 1.5 * naive["throughput_rps"],
+            "detail": f"{c64:.1f} vs {naive['throughput_rps']:.1f} req/s ({c64 / naive['throughput_rps']:.2f}x)"},
+        f"{name}: p99 at 50% load <= 3 x single-request latency": {
+            "ok": by["poisson_50pct"]["p99_ms"] <= 3 * single["p50_ms"],
+            "detail": f"{by['poisson_50pct']['p99_ms']:.1f} ms vs single {single['p50_ms']:.1f} ms "
+                      f"({by['poisson_50pct']['p99_ms'] / single['p50_ms']:.2f}x)"},
+    }
+    return rows, checks
+
+
+async def main_async(args) -> dict:
+    enc = SentenceEncoder(EncoderConfig(device=args.device))
+    enc.warmup()
+    settings = BatcherSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens)
+    rows, checks = [], {}
+    for name in args.workloads:
+        r, c = await run_workload(enc, name, args.scale, settings)
+        rows += r
+        checks.update(c)
+    return {
+        "benchmark": "batcher",
+        "device": enc.device,
+        "cpu_count": os.cpu_count(),
+        "max_batch_size": settings.max_batch_size,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "rows": rows,
+        "checks": checks,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.batcher_bench")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies request counts and durations")
+    p.add_argument("--workloads", nargs="+", default=["short", "mixed"], choices=sorted(WORKLOADS))
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--out")
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    emit(asyncio.run(main_async(args)), args.out)
+
+
+if __name__ == "__main__":
+    main()
