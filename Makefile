@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test test-unit test-integration bench clean
+.PHONY: run test test-unit test-integration bench clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,17 @@ test-integration: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) -m bench.batcher_bench $(BENCH_ARGS)
+	mkdir -p build
+	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
+	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
+
+CLINC := ../shared/data/clinc150
+clinc150: $(STAMP)
+	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --out build/clinc150.yaml
+	$(VENV)/bin/semantic-router eval --config build/clinc150.yaml --data $(CLINC)/val.jsonl
+	$(VENV)/bin/semantic-router fit --config build/clinc150.yaml --data $(CLINC)/train.jsonl \
+		--head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
+	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

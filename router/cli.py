@@ -1,4 +1,4 @@
-"""`semantic-router` command line: serve, classify."""
+"""`semantic-router` command line: serve, classify, eval, fit."""
 
 from __future__ import annotations
 
@@ -49,20 +49,91 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    from router.classifier import RouteClassifier
-    from router.encoder import SentenceEncoder
-    from router.logs import setup_logging
-
-    setup_logging("warning")
     config = _load(args.config)
-    encoder = SentenceEncoder(config.encoder)
-    classifier = RouteClassifier(config, encoder.encode)
+    encoder, classifier = _offline(config)
     for text in args.text:
         decision = classifier.classify(encoder.encode([text])[0])
         if args.json:
             print(json.dumps(dataclasses.asdict(decision)))
         else:
             print(f"route={decision.route} model={decision.model} score={decision.score:.4f} reason={decision.reason}")
+    return 0
+
+
+def _offline(config: RouterConfig):
+    """Encoder and classifier for offline commands (no batcher, no server)."""
+    from router.classifier import RouteClassifier
+    from router.encoder import SentenceEncoder
+    from router.logs import setup_logging
+
+    setup_logging("warning")
+    encoder = SentenceEncoder(config.encoder)
+    return encoder, RouteClassifier(config, encoder.encode)
+
+
+def _labelled(config: RouterConfig, path: Path):
+    from router.evaluation import load_labelled
+
+    try:
+        return load_labelled(path, [r.name for r in config.routes] + [config.default_route.name])
+    except (OSError, ValueError) as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
+    from router.evaluation import evaluate
+
+    predicted = [d.route for d in classifier.classify_many(embeddings)]
+    names = [r.name for r in config.routes] + [config.default_route.name]
+    return evaluate(data.labels, predicted, names, config.default_route.name)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from router.evaluation import format_report
+
+    config = _load(args.config)
+    data = _labelled(config, args.data)
+    encoder, classifier = _offline(config)
+    report = _report(classifier, encoder.encode(data.texts), data, config)
+    print(json.dumps(report) if args.json else format_report(report, config.default_route.name))
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    import yaml
+
+    from router.fitting import classifier_section, fit
+
+    config = _load(args.config)
+    data = _labelled(config, args.data)
+    encoder, classifier = _offline(config)
+    embeddings = encoder.encode(data.texts)
+    before = _report(classifier, embeddings, data, config)
+    result = fit(config, encoder.encode, embeddings, data.labels, with_head=args.head, tune_top_k=args.top_k,
+                 objective=args.objective, intents=data.intents if args.head else None,
+                 min_default_recall=args.min_default_recall, per_route=not args.shared_threshold)
+    from router.classifier import RouteClassifier
+
+    after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
+
+    raw = yaml.safe_load(args.config.read_text())
+    for route, fitted in zip(raw["routes"], result.config.routes):
+        route["threshold"] = fitted.threshold
+    head_path = None
+    if result.head is not None:
+        head_file = args.out.with_suffix(".head.npz")
+        result.head.save(head_file)
+        head_path = head_file.name
+    raw["classifier"] = classifier_section(result.config.classifier, head_path)
+    args.out.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+
+    for note in result.notes:
+        print(note)
+    print(f"{'on ' + str(args.data):<40}{'before':>10}{'after':>10}")
+    for key in ("accuracy", "in_scope_accuracy", "default_recall"):
+        print(f"{key:<40}{before[key] if before[key] is not None else '-':>10}{after[key] if after[key] is not None else '-':>10}")
+    print(f"wrote {args.out}" + (f" and {args.out.with_suffix('.head.npz')}" if head_path else ""))
     return 0
 
 
@@ -85,6 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("--json", action="store_true")
     classify.add_argument("text", nargs="+")
     classify.set_defaults(func=cmd_classify)
+
+    ev = sub.add_parser("eval", help="routing quality on labelled JSONL ({text, label} per line)")
+    ev.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ev.add_argument("--data", type=Path, required=True)
+    ev.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    ev.set_defaults(func=cmd_eval)
+
+    ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL")
+    ft.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ft.add_argument("--data", type=Path, required=True)
+    ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
+    ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
+    ft.add_argument("--top-k", action="store_true", help="also choose top_k (similarity method)")
+    ft.add_argument("--objective", choices=("accuracy", "balanced"), default="accuracy",
+                    help="balanced: mean of in-scope accuracy and default-route recall")
+    ft.add_argument("--min-default-recall", type=float, default=0.0,
+                    help="keep default-route recall at least this on the tuning data")
+    ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")
+    ft.set_defaults(func=cmd_fit)
     return parser
 
 

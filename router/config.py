@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,10 +79,26 @@ class RouteConfig:
 class DefaultRouteConfig:
     name: str
     model: str
+    # Optional examples of traffic that belongs to no route: a prompt closer to these than to
+    # any route goes to the default route (and they are a class of their own for a trained head).
+    utterances: tuple[str, ...] = ()
 
     def __post_init__(self):
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    method: Literal["similarity", "head"] = "similarity"
+    top_k: int = 1  # similarity: a route's score aggregates its k most similar utterances
+    aggregation: Literal["max", "mean"] = "mean"
+    head_path: str | None = None  # head: weights from `semantic-router fit --head`; None trains on the utterances at load
+    head_epochs: int = 300
+
+    def __post_init__(self):
+        _require(self.top_k >= 1, "top_k", "must be at least 1")
+        _require(self.head_epochs >= 1, "head_epochs", "must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,7 @@ class RouterConfig:
     routes: tuple[RouteConfig, ...]
     default_route: DefaultRouteConfig
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     default_threshold: float = 0.5
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -148,6 +166,7 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
 
 
 def load_config(path: str | Path) -> RouterConfig:
+    """Relative file references in the config (classifier.head_path) resolve against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -157,4 +176,9 @@ def load_config(path: str | Path) -> RouterConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(data, str(path))
+    config = parse_config(data, str(path))
+    head = config.classifier.head_path
+    if head is not None and not Path(head).is_absolute():
+        resolved = str((path.parent / head).resolve())
+        config = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, head_path=resolved))
+    return config

@@ -104,12 +104,15 @@ class SentenceEncoder:
             # The only device->host copy (and sync) per batch.
             return emb.cpu().numpy()
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed directly, bypassing the batcher (offline work: utterances, CLI, benchmarks)."""
-        out = []
-        for start in range(0, len(texts), 64):
-            out.append(self.embed(self.tokenize(texts[start : start + 64])))
-        return np.concatenate(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Embed directly, bypassing the batcher: offline work (start-up, CLI, eval) only."""
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        ids = self.tokenize(texts) if texts else []
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            out[chunk] = self.embed([ids[i] for i in chunk])
+        return out
 
     def warmup(self) -> None:
         self.prepare_thread()

@@ -230,3 +230,26 @@ def test_concurrent_streams_share_batches():
             assert max(len(b) for b in backend.batches) == 8
 
     run(main())
+
+
+def test_stream_closed_by_envoy_cancels_queued_work():
+    async def main():
+        backend = FakeBackend(hold=True)
+        async with Harness(backend=backend) as h:
+            first = asyncio.create_task(h.exchange(headers_msg(), body_msg(chat("occupies the model"))))
+            await asyncio.to_thread(backend.entered.wait, 5)
+            call = h.stub.Process()
+            await call.write(headers_msg())
+            await call.read()
+            await call.write(body_msg(chat("client hung up")))
+            while "client hung up" not in backend.tokenized:
+                await asyncio.sleep(0.01)
+            call.cancel()  # what Envoy does when the downstream client disconnects
+            await asyncio.sleep(0.2)
+            backend.gate.set()
+            await first
+            await h.exchange(headers_msg(), body_msg(chat("next request")))
+            assert all("client hung up" not in b for b in backend.batches)
+            assert any("next request" in b for b in backend.batches)
+
+    run(main())

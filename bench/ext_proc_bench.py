@@ -1,0 +1,131 @@
+"""The same load through the full ext_proc path: a real router process, gRPC streams opened the way
+Envoy opens them (headers message, then the buffered body), the filter chain, the batcher.
+
+    python -m bench.ext_proc_bench [--scale 1.0] [--out result.json]
+
+The load generator is Python on the same machine, so on 2 cores it competes with the router:
+read the figures as a lower bound on what the router holds behind Envoy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from bench.batcher_bench import closed_loop, open_loop
+from bench.report import emit
+from bench.workloads import WORKLOADS
+from devstack.stack import ROOT, free_port
+
+HEADERS = pb.ProcessingRequest(
+    request_headers=pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(
+            headers=[
+                base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                for k, v in ((":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "gateway"),
+                             ("content-type", "application/json"), ("user-agent", "bench"), ("x-request-id", "r"))
+            ]
+        )
+    )
+)
+
+
+class ExtProcClient:
+    def __init__(self, port: int):
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pb_grpc.ExternalProcessorStub(self.channel)
+        self.reasons: collections.Counter[str] = collections.Counter()
+
+    async def route(self, prompt: str, model: str = "auto") -> None:
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}]}).encode()
+        call = self.stub.Process()
+        await call.write(HEADERS)
+        await call.read()
+        await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+        resp = await call.read()
+        await call.done_writing()
+        for h in resp.request_body.response.header_mutation.set_headers:
+            if h.header.key == "x-semantic-route-reason":
+                self.reasons[h.header.raw_value.decode()] += 1
+
+
+def start_router(workdir: Path, device: str, cpu_threads: int | None) -> tuple[subprocess.Popen, int]:
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    config["cache_size"] = 0  # every request must reach the model
+    config["server"]["deadline_ms"] = 30000  # measure latency, not fallbacks
+    config["encoder"]["device"] = device
+    if cpu_threads:
+        config["encoder"]["cpu_threads"] = cpu_threads
+    cfg = workdir / "router.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router", "serve", "--config", str(cfg), "--grpc-port", str(port),
+         "--metrics-port", str(free_port()), "--log-level", "warning"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT,
+    )
+    for line in proc.stdout:
+        if line.startswith("router ready"):
+            return proc, port
+    raise RuntimeError("router did not start")
+
+
+async def run(args) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ext-proc-"))
+    proc, port = start_router(workdir, args.device, args.cpu_threads)
+    rows = []
+    try:
+        client = ExtProcClient(port)
+        n_warm = WORKLOADS["short"](64, seed=99)
+        await closed_loop(client.route, n_warm, 16, 64)
+        pinned = WORKLOADS["short"](512, seed=98)
+        res = await closed_loop(lambda t: client.route(t, model="code-model"), pinned, 64, int(2000 * args.scale))
+        rows.append({"workload": "pinned", "scenario": "ext_proc_c64_no_model", **res})
+        for name in args.workloads:
+            n = max(64, int((2048 if name == "short" else 512) * args.scale))
+            texts = WORKLOADS[name](n, seed=11)
+            for c in (1, 8, 64, 256):
+                total = min(n, max(64, 16 * c)) if c == 1 else n
+                client.reasons.clear()
+                res = await closed_loop(client.route, texts, c, total)
+                rows.append({"workload": name, "scenario": f"ext_proc_c{c}", **res, "reasons": dict(client.reasons)})
+            if args.rate.get(name):
+                res = await open_loop(client.route, texts, args.rate[name], max(3.0, 6.0 * args.scale))
+                rows.append({"workload": name, "scenario": "ext_proc_poisson", **res})
+        await client.channel.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"benchmark": "ext_proc", "cpu_count": os.cpu_count(), "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.ext_proc_bench")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--cpu-threads", type=int, help="override encoder.cpu_threads")
+    p.add_argument("--workloads", nargs="+", default=["short", "mixed"], choices=sorted(WORKLOADS))
+    p.add_argument("--poisson-short", type=float, default=0.0, help="offered req/s for an open-loop run (0: skip)")
+    p.add_argument("--poisson-mixed", type=float, default=0.0)
+    p.add_argument("--out")
+    args = p.parse_args()
+    args.rate = {"short": args.poisson_short, "mixed": args.poisson_mixed}
+    emit(asyncio.run(run(args)), args.out)
+
+
+if __name__ == "__main__":
+    main()

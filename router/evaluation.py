@@ -1,0 +1,86 @@
+"""Routing quality on labelled data: accuracy, per-route precision/recall/F1, confusion matrix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    texts: list[str]
+    labels: list[str]
+    intents: list[str] | None = None  # optional finer labels ("intent" key on every line)
+
+
+def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
+    """JSONL lines {"text": ..., "label": ...}; a label must be a route or the default route."""
+    texts, labels, intents = [], [], []
+    allowed_set = set(allowed)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text, label = row["text"], row["label"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n}: expected {{\"text\": ..., \"label\": ...}}") from None
+            if label not in allowed_set:
+                raise ValueError(f"{path}:{n}: label {label!r} is not a route or the default route ({sorted(allowed_set)})")
+            texts.append(str(text))
+            labels.append(label)
+            intents.append(row.get("intent"))
+    if not texts:
+        raise ValueError(f"{path}: no examples")
+    have_intents = all(isinstance(i, str) for i in intents)
+    return LabelledData(texts, labels, [str(i) for i in intents] if have_intents else None)
+
+
+def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[str], default: str) -> dict:
+    """`names` lists every class in report order (routes, then the default route)."""
+    y = np.asarray(labels)
+    p = np.asarray(predicted)
+    per_route = {}
+    for name in names:
+        tp = int(np.sum((p == name) & (y == name)))
+        pred_n = int(np.sum(p == name))
+        true_n = int(np.sum(y == name))
+        precision = tp / pred_n if pred_n else 0.0
+        recall = tp / true_n if true_n else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_route[name] = {"precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
+                           "support": true_n}
+    in_scope = y != default
+    confusion = {t: {q: int(np.sum((y == t) & (p == q))) for q in names} for t in names}
+    return {
+        "examples": len(y),
+        "accuracy": round(float(np.mean(y == p)), 4),
+        "in_scope_accuracy": round(float(np.mean(y[in_scope] == p[in_scope])), 4) if in_scope.any() else None,
+        "default_recall": round(float(np.mean(p[~in_scope] == default)), 4) if (~in_scope).any() else None,
+        "per_route": per_route,
+        "confusion": confusion,
+    }
+
+
+def format_report(report: dict, default: str) -> str:
+    lines = [
+        f"examples: {report['examples']}",
+        f"accuracy: {report['accuracy']:.4f}",
+        f"in-scope accuracy: {report['in_scope_accuracy']}",
+        f"default-route ({default}) recall: {report['default_recall']}",
+        "",
+        f"{'route':<24}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}",
+    ]
+    for name, m in report["per_route"].items():
+        lines.append(f"{name:<24}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
+    names = list(report["confusion"])
+    short = [n[:8] for n in names]
+    lines += ["", "confusion (rows: label, columns: predicted)", " " * 24 + "".join(f"{s:>9}" for s in short)]
+    for name in names:
+        lines.append(f"{name:<24}" + "".join(f"{report['confusion'][name][q]:>9}" for q in names))
+    return "\n".join(lines)

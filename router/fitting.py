@@ -1,0 +1,180 @@
+"""Tunes a routes config on labelled data: per-route thresholds, top-k, or a trained head."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from router.classifier import RouteClassifier
+from router.config import ClassifierConfig, RouterConfig
+from router.head import LinearHead, train_head
+
+TOP_K_CANDIDATES = (1, 3, 5, 10)
+
+
+@dataclass
+class FitResult:
+    config: RouterConfig
+    head: LinearHead | None
+    thresholds: np.ndarray
+    notes: list[str]
+
+
+def class_names(config: RouterConfig) -> list[str]:
+    return [r.name for r in config.routes] + [config.default_route.name]
+
+
+def label_indices(config: RouterConfig, labels: list[str]) -> np.ndarray:
+    """Route index per label, -1 for the default route (the convention of RouteClassifier.choose)."""
+    index = {r.name: i for i, r in enumerate(config.routes)}
+    return np.asarray([index.get(label, -1) for label in labels])
+
+
+OBJECTIVES = ("accuracy", "balanced")
+
+
+def tune_thresholds(
+    classifier: RouteClassifier,
+    scores: np.ndarray,
+    truth: np.ndarray,
+    rounds: int = 2,
+    objective: str = "accuracy",
+    min_default_recall: float = 0.0,
+    per_route: bool = True,
+) -> np.ndarray:
+    """Thresholds that maximise `objective`: one shared value first, then (per_route) each route in turn.
+
+    accuracy: plain accuracy. balanced: the mean of in-scope accuracy and default-route recall.
+    min_default_recall: among thresholds whose default-route recall reaches it, the most accurate
+    (out-of-scope examples are usually too few for accuracy alone to care about them).
+    """
+    in_scope = truth >= 0
+    has_both = in_scope.any() and (~in_scope).any()
+    balanced = objective == "balanced" and has_both
+
+    def accuracy(th: np.ndarray) -> float:
+        hit = classifier.choose(scores, th) == truth
+        value = 0.5 * float(hit[in_scope].mean()) + 0.5 * float(hit[~in_scope].mean()) if balanced else float(hit.mean())
+        if has_both and min_default_recall > 0:
+            recall = float(hit[~in_scope].mean())
+            if recall < min_default_recall:
+                return recall - 1.0  # below every admissible value, but still climbing towards it
+        return value
+
+    n_routes = len(classifier.routes)
+    route_scores = scores[:, :n_routes]
+    top = route_scores.argmax(axis=1)
+    q = np.linspace(0.0, 1.0, 201)
+    # Candidates: the scores a threshold actually decides on (each row's best route).
+    grid = np.unique(np.quantile(route_scores.max(axis=1), q))
+    best = max(grid, key=lambda t: accuracy(np.full(n_routes, t, dtype=np.float32)))
+    th = np.full(n_routes, best, dtype=np.float32)
+    for _ in range(rounds if per_route else 0):
+        for r in range(n_routes):
+            own = route_scores[top == r, r]
+            if own.size == 0:
+                continue
+            candidates = np.unique(np.concatenate([np.quantile(own, q), [th[r]]]))
+            trial = th.copy()
+            results = []
+            for c in candidates:
+                trial[r] = c
+                results.append((accuracy(trial), -abs(c - th[r]), c))
+            th[r] = max(results)[2]
+    return th
+
+
+def _split(labels: list[str], holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train / tune index split."""
+    rng = np.random.default_rng(seed)
+    train, tune = [], []
+    for label in sorted(set(labels)):
+        idx = np.flatnonzero(np.asarray(labels) == label)
+        rng.shuffle(idx)
+        cut = max(1, int(round(len(idx) * holdout))) if len(idx) > 1 else 0
+        tune.extend(idx[:cut])
+        train.extend(idx[cut:])
+    return np.asarray(sorted(train)), np.asarray(sorted(tune))
+
+
+def fit(
+    config: RouterConfig,
+    encode,
+    embeddings: np.ndarray,
+    labels: list[str],
+    with_head: bool = False,
+    tune_top_k: bool = False,
+    holdout: float = 0.2,
+    seed: int = 0,
+    objective: str = "accuracy",
+    intents: list[str] | None = None,
+    min_default_recall: float = 0.0,
+    per_route: bool = True,
+) -> FitResult:
+    notes = []
+    truth = label_indices(config, labels)
+    head = None
+    if with_head:
+        head, train_idx, tune_idx = _train_head(config, embeddings, labels, intents, holdout, seed)
+        config = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, method="head"))
+        classifier = RouteClassifier(config, encode, head=head)
+        notes.append(
+            f"head: {len(head.classes)} classes over {len(set(head.routes))} routes, trained on {len(train_idx)} "
+            f"examples; thresholds tuned on {len(tune_idx)} held-out ones (default-route examples included)"
+        )
+    else:
+        tune_idx = np.arange(len(labels))
+        classifier = RouteClassifier(config, encode)
+        if tune_top_k and config.classifier.method == "similarity":
+            best = None
+            for k in TOP_K_CANDIDATES:
+                cfg = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, top_k=k, aggregation="mean"))
+                clf = RouteClassifier(cfg, encode)
+                s = clf.scores(embeddings)
+                th = tune_thresholds(clf, s, truth, objective=objective, min_default_recall=min_default_recall,
+                                     per_route=per_route)
+                acc = float(np.mean(clf.choose(s, th) == truth))
+                notes.append(f"top_k={k}: accuracy {acc:.4f} with tuned thresholds")
+                if best is None or acc > best[0]:
+                    best = (acc, cfg, clf)
+            _, config, classifier = best
+    scores = classifier.scores(embeddings[tune_idx])
+    thresholds = tune_thresholds(classifier, scores, truth[tune_idx], objective=objective,
+                                 min_default_recall=min_default_recall, per_route=per_route)
+    if with_head:
+        # The thresholds are set; the head itself may now learn from every in-scope example.
+        head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
+        notes.append("head retrained on all in-scope examples")
+    routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
+    config = dataclasses.replace(config, routes=routes)
+    return FitResult(config, head, thresholds, notes)
+
+
+def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
+                holdout: float, seed: int) -> tuple[LinearHead, np.ndarray, np.ndarray]:
+    """The head learns the routes (or their finer intents) from in-scope examples only; the
+    default route is whatever scores below threshold, so its examples serve to tune that."""
+    default = config.default_route.name
+    fine = intents or labels
+    in_scope = np.asarray([i for i, label in enumerate(labels) if label != default])
+    out_scope = np.asarray([i for i, label in enumerate(labels) if label == default], dtype=np.int64)
+    train_rel, tune_rel = _split([fine[i] for i in in_scope], holdout, seed) if holdout > 0 else (
+        np.arange(len(in_scope)), np.arange(0))
+    train_idx = in_scope[train_rel]
+    tune_idx = np.concatenate([in_scope[tune_rel], out_scope])
+    route_of = {fine[i]: labels[i] for i in in_scope}
+    classes = sorted({fine[i] for i in train_idx})
+    head = train_head(embeddings[train_idx], [fine[i] for i in train_idx], classes,
+                      routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed)
+    return head, train_idx, tune_idx
+
+
+def classifier_section(cc: ClassifierConfig, head_path: str | None) -> dict:
+    out = {"method": cc.method}
+    if cc.method == "similarity":
+        out.update(top_k=cc.top_k, aggregation=cc.aggregation)
+    else:
+        out.update(head_path=head_path, head_epochs=cc.head_epochs)
+    return out

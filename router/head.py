@@ -1,0 +1,76 @@
+"""A small linear classifier trained on prompt embeddings (torch, full-batch), saved as .npz."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LinearHead:
+    """Classes may be finer than routes (intents, say): `routes[i]` is the route of class i.
+    Finer classes give a sharper confidence, which is what out-of-scope detection needs."""
+
+    classes: tuple[str, ...]
+    routes: tuple[str, ...]
+    weight: np.ndarray  # (classes, dim)
+    bias: np.ndarray  # (classes,)
+
+    def route_scores(self, embeddings: np.ndarray, route_names: list[str]) -> np.ndarray:
+        """(n, routes): each route's best class probability."""
+        probs = self.probabilities(embeddings)
+        cols = [probs[:, [i for i, r in enumerate(self.routes) if r == name]].max(axis=1) for name in route_names]
+        return np.stack(cols, axis=1)
+
+    def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
+        """Softmax probabilities, (n, classes) for (n, dim) input or (classes,) for one vector."""
+        logits = embeddings @ self.weight.T + self.bias
+        logits = logits - logits.max(axis=-1, keepdims=True)
+        e = np.exp(logits)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def save(self, path: str | Path) -> None:
+        np.savez(path, classes=np.asarray(self.classes), routes=np.asarray(self.routes), weight=self.weight, bias=self.bias)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LinearHead":
+        with np.load(path, allow_pickle=False) as data:
+            return cls(tuple(str(c) for c in data["classes"]), tuple(str(r) for r in data["routes"]),
+                       data["weight"].astype(np.float32), data["bias"].astype(np.float32))
+
+
+def train_head(
+    embeddings: np.ndarray,
+    labels: Sequence[str],
+    classes: Sequence[str],
+    routes: Sequence[str] | None = None,
+    epochs: int = 300,
+    lr: float = 0.05,
+    weight_decay: float = 1e-4,
+    seed: int = 0,
+) -> LinearHead:
+    """Multinomial logistic regression over `classes` (route of each: `routes`, default the
+    class itself); classes are weighted so a rare one is not ignored."""
+    import torch
+
+    index = {c: i for i, c in enumerate(classes)}
+    y = torch.tensor([index[label] for label in labels])
+    x = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))
+    counts = torch.bincount(y, minlength=len(classes)).float().clamp(min=1)
+    class_weight = counts.sum() / (len(classes) * counts)
+    gen = torch.Generator().manual_seed(seed)
+    layer = torch.nn.Linear(x.shape[1], len(classes))
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.01)
+        layer.bias.zero_()
+    opt = torch.optim.Adam(layer.parameters(), lr=lr, weight_decay=weight_decay)
+    loss_fn = torch.nn.CrossEntropyLoss(weight=class_weight)
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = loss_fn(layer(x), y)
+        loss.backward()
+        opt.step()
+    return LinearHead(tuple(classes), tuple(routes or classes), layer.weight.detach().numpy().copy(), layer.bias.detach().numpy().copy())
