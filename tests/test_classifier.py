@@ -1,0 +1,129 @@
+"""Route classification on hand-placed vectors: thresholds, top-k, default examples, the head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from router.classifier import RouteClassifier
+from router.config import parse_config
+from router.evaluation import evaluate
+from router.fitting import fit, tune_thresholds
+from router.head import LinearHead, train_head
+
+
+def unit(*xs):
+    v = np.asarray(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+VECTORS = {
+    "m1": unit(1, 0, 0), "m2": unit(1, 0.2, 0), "m3": unit(0.2, 1, 0.1),
+    "c1": unit(0, 1, 0), "c2": unit(0, 1, 0.3),
+    "g1": unit(0, 0, 1),
+}
+
+
+def encode(texts):
+    return np.stack([VECTORS[t] for t in texts])
+
+
+def config(**over):
+    base = {
+        "routes": [
+            {"name": "math", "model": "math-model", "utterances": ["m1", "m2", "m3"]},
+            {"name": "code", "model": "code-model", "utterances": ["c1", "c2"]},
+        ],
+        "default_route": {"name": "general", "model": "general-model"},
+        "default_threshold": 0.8,
+    }
+    base.update(over)
+    return parse_config(base)
+
+
+def test_best_route_above_threshold_wins_else_default():
+    clf = RouteClassifier(config(), encode)
+    assert clf.classify(unit(1, 0.1, 0)).route == "math"
+    assert clf.classify(unit(0, 1, 0.1)).route == "code"
+    d = clf.classify(unit(0.3, 0.3, 1))
+    assert (d.route, d.reason) == ("general", "default")
+
+
+def test_per_route_threshold():
+    cfg = config(routes=[
+        {"name": "math", "model": "math-model", "utterances": ["m1"], "threshold": 0.99},
+        {"name": "code", "model": "code-model", "utterances": ["c1"], "threshold": 0.1},
+    ])
+    clf = RouteClassifier(cfg, encode)
+    # Closer to math, but math's own bar is higher: code clears its bar, so code wins.
+    assert clf.classify(unit(1, 0.5, 0)).route == "code"
+
+
+def test_top_k_mean_differs_from_max():
+    probe = unit(0.2, 1, 0.1)  # equals m3, an outlier of math
+    assert RouteClassifier(config(default_threshold=0.0), encode).classify(probe).route == "math"
+    topk = config(default_threshold=0.0, classifier={"top_k": 3, "aggregation": "mean"})
+    assert RouteClassifier(topk, encode).classify(probe).route == "code"
+
+
+def test_default_route_examples_pull_prompts_to_default():
+    cfg = config(default_threshold=0.0, default_route={"name": "general", "model": "general-model", "utterances": ["g1"]})
+    clf = RouteClassifier(cfg, encode)
+    assert clf.classify(unit(0.1, 0, 1)).reason == "default"
+    assert clf.classify(unit(1, 0, 0.1)).route == "math"
+
+
+def test_head_trained_at_load_from_utterances():
+    clf = RouteClassifier(config(classifier={"method": "head"}, default_threshold=0.5), encode)
+    assert clf.classify(unit(1, 0.05, 0)).route == "math"
+    assert clf.classify(unit(0, 1, 0.2)).route == "code"
+
+
+def test_head_saved_and_loaded(tmp_path):
+    x = np.stack([unit(1, 0, 0), unit(0, 1, 0), unit(0.9, 0.1, 0), unit(0.1, 0.9, 0)])
+    head = train_head(x, ["a", "b", "a", "b"], ["a", "b"], routes=["math", "code"])
+    path = tmp_path / "h.npz"
+    head.save(path)
+    loaded = LinearHead.load(path)
+    assert loaded.routes == ("math", "code")
+    np.testing.assert_allclose(loaded.probabilities(x), head.probabilities(x), rtol=1e-6)
+    clf = RouteClassifier(config(classifier={"method": "head", "head_path": str(path)}, default_threshold=0.5), encode)
+    assert clf.classify(unit(1, 0, 0)).route == "math"
+
+
+def test_head_with_wrong_routes_is_rejected(tmp_path):
+    head = train_head(np.stack([unit(1, 0, 0), unit(0, 1, 0)]), ["x", "y"], ["x", "y"])
+    head.save(tmp_path / "h.npz")
+    with pytest.raises(ValueError, match="head routes"):
+        RouteClassifier(config(classifier={"method": "head", "head_path": str(tmp_path / "h.npz")}), encode)
+
+
+def test_evaluate_metrics():
+    r = evaluate(["math", "math", "code", "general"], ["math", "code", "code", "general"],
+                 ["math", "code", "general"], "general")
+    assert r["accuracy"] == 0.75
+    assert r["per_route"]["math"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2}
+    assert r["per_route"]["code"]["precision"] == 0.5
+    assert r["confusion"]["math"]["code"] == 1
+    assert r["default_recall"] == 1.0 and r["in_scope_accuracy"] == 0.6667
+
+
+def test_tuned_thresholds_never_lower_accuracy():
+    rng = np.random.default_rng(0)
+    cfg = config(default_threshold=0.95)
+    clf = RouteClassifier(cfg, encode)
+    centers = {"math": unit(1, 0, 0), "code": unit(0, 1, 0), "general": unit(0, 0, 1)}
+    labels, xs = [], []
+    for label, c in centers.items():
+        for _ in range(30):
+            v = c + rng.normal(0, 0.35, 3)
+            xs.append(v / np.linalg.norm(v))
+            labels.append(label)
+    x = np.stack(xs).astype(np.float32)
+    truth = np.asarray([{"math": 0, "code": 1}.get(label, -1) for label in labels])
+    scores = clf.scores(x)
+    before = np.mean(clf.choose(scores) == truth)
+    th = tune_thresholds(clf, scores, truth)
+    assert np.mean(clf.choose(scores, th) == truth) >= before
+    result = fit(cfg, encode, x, labels)
+    assert [r.threshold for r in result.config.routes] == [round(float(t), 4) for t in result.thresholds]

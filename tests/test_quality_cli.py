@@ -1,0 +1,74 @@
+"""eval / fit as a user runs them, on a slice of CLINC150 (Larson et al. 2019, CC BY 3.0) from ../shared."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+CLINC = ROOT.parent / "shared" / "data" / "clinc150"
+
+
+def _slice(src: Path, dst: Path, per_label: int) -> None:
+    kept: dict[str, int] = defaultdict(int)
+    with open(src) as f, open(dst, "w") as out:
+        for line in f:
+            label = json.loads(line)["label"]
+            if kept[label] < per_label:
+                kept[label] += 1
+                out.write(line)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    if not (CLINC / "train.jsonl").exists():
+        pytest.fail(f"CLINC150 data missing at {CLINC} (it ships in ../shared beside the project)", pytrace=False)
+    d = tmp_path_factory.mktemp("clinc")
+    _slice(CLINC / "train.jsonl", d / "train.jsonl", 60)
+    _slice(CLINC / "val.jsonl", d / "val.jsonl", 25)
+    subprocess.run([sys.executable, "examples/clinc150/build_config.py", "--train", str(d / "train.jsonl"),
+                    "--out", str(d / "clinc.yaml"), "--per-route", "30"], check=True, cwd=ROOT, timeout=60)
+    return d
+
+
+def test_eval_json_and_table(data):
+    out = cli("eval", "--config", str(data / "clinc.yaml"), "--data", str(data / "val.jsonl"), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert 0.5 < report["accuracy"] <= 1.0
+    assert set(report["per_route"]) >= {"banking", "travel", "out_of_scope"}
+    assert sum(report["confusion"]["banking"].values()) == 25
+    table = cli("eval", "--config", str(data / "clinc.yaml"), "--data", str(data / "val.jsonl"))
+    assert "accuracy:" in table.stdout and "confusion" in table.stdout
+
+
+def test_fit_head_writes_a_config_that_serves(data):
+    out_cfg = data / "fitted.yaml"
+    out = cli("fit", "--config", str(data / "clinc.yaml"), "--data", str(data / "train.jsonl"), "--head",
+              "--min-default-recall", "0.8", "--out", str(out_cfg))
+    assert out.returncode == 0, out.stderr
+    assert "before" in out.stdout and "after" in out.stdout
+    assert (data / "fitted.head.npz").exists()
+    ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout)["accuracy"] >= 0.8
+    cls = cli("classify", "--config", str(out_cfg), "--json", "please transfer 200 dollars from my checking to my savings account")
+    assert json.loads(cls.stdout)["route"] in {"banking", "out_of_scope"}, cls.stdout + cls.stderr
+
+
+def test_eval_rejects_unknown_labels(data, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "hi", "label": "nope"}\n')
+    out = cli("eval", "--config", str(data / "clinc.yaml"), "--data", str(bad))
+    assert out.returncode == 2
+    assert "bad.jsonl:1: label 'nope'" in out.stderr
