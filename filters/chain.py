@@ -1,34 +1,38 @@
-"""An ordered chain of request filters, built-in or registered by plugins via entry points."""
+"""An ordered chain of request filters, built-in or registered by plugins via entry points.
+
+A filter is a class (or factory) taking its settings mapping (`filter_settings.<name>` in the
+config, {} when absent) and returning an async callable `f(ctx: RequestContext) -> None`. It may
+set headers (`ctx.extra_headers`), change `ctx.body` (setting `ctx.body_changed`), decide the
+route (`ctx.decision`), or stop the chain with `ctx.immediate`. An optional
+`async setup(engine)` runs whenever a routing engine is (re)built, before it serves.
+"""
 
 from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from filters.builtin import ModelPolicy, SemanticRoute
+from filters.builtin import BodySizeLimit, ModelPolicy, PromptGuard, SemanticRoute
 from filters.context import RequestContext
+from router.engine import RoutingEngine
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "semantic_router.filters"
 
 Filter = Callable[[RequestContext], Awaitable[None]]
+Factory = Callable[[dict], Filter]
 
-BUILTIN: dict[str, Callable[[], Filter]] = {
-    ModelPolicy.name: ModelPolicy,
-    SemanticRoute.name: SemanticRoute,
-}
-
-DEFAULT_CHAIN = (ModelPolicy.name, SemanticRoute.name)
+BUILTIN: dict[str, Factory] = {f.name: f for f in (ModelPolicy, SemanticRoute, BodySizeLimit, PromptGuard)}
 
 
-def available_filters() -> dict[str, Callable[[], Callable[[], Filter]]]:
-    """Filter name -> a loader giving its factory (a class or zero-argument callable).
+def available_filters() -> dict[str, Callable[[], Factory]]:
+    """Filter name -> a loader giving its factory.
 
-    Plugins are loaded only when a config names them, so a broken unused plugin costs nothing.
+    Plugins are imported only when a config names them, so a broken unused plugin costs nothing.
     """
-    found: dict[str, Callable[[], Callable[[], Filter]]] = {n: (lambda f=f: f) for n, f in BUILTIN.items()}
+    found: dict[str, Callable[[], Factory]] = {n: (lambda f=f: f) for n, f in BUILTIN.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(ep.name, ep.load)
     return found
@@ -39,12 +43,21 @@ class FilterChain:
         self.filters = list(filters)
 
     @classmethod
-    def from_names(cls, names: Sequence[str]) -> "FilterChain":
+    def from_config(cls, names: Sequence[str], settings: Mapping[str, Any]) -> "FilterChain":
         found = available_filters()
         missing = [n for n in names if n not in found]
         if missing:
             raise ValueError(f"filters: unknown filter {missing[0]!r} (have: {', '.join(sorted(found))})")
-        return cls([found[n]()() for n in names])
+        unused = sorted(set(settings) - set(names))
+        if unused:
+            raise ValueError(f"filter_settings.{unused[0]}: no such filter in `filters`")
+        return cls([found[n]()(settings.get(n) or {}) for n in names])
+
+    async def setup(self, engine: RoutingEngine) -> None:
+        for f in self.filters:
+            hook = getattr(f, "setup", None)
+            if hook is not None:
+                await hook(engine)
 
     async def run(self, ctx: RequestContext) -> None:
         """Runs filters in order; an immediate reply stops the chain."""

@@ -29,6 +29,7 @@ class RequestContext:
     prompt: str | None
     deadline: float  # time.monotonic() by which the answer must go back to Envoy
     engine: RoutingEngine
+    body_bytes: int = 0
     decision: Decision | None = None
     rewrite_model: bool = False  # set by the model policy: write the chosen model into the body
     body_changed: bool = False

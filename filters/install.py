@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from filters.chain import FilterChain
 from filters.service import ExtProcService
+from router.engine import RoutingEngine
 
 
 def install(server, app) -> ExtProcService:
-    """`app` is the RouterServer; its config and engine may be swapped on reload."""
-    built: dict[tuple[str, ...], FilterChain] = {}
+    """`app` is the RouterServer. Each engine it builds (start, reload) gets a filter chain built
+    from that engine's config and set up against it; the pair goes live together."""
+    FilterChain.from_config(app.config.filters, app.config.filter_settings)  # bad filter config fails at start
+    live: list[tuple[RoutingEngine, FilterChain] | None] = [None]
 
-    def chain() -> FilterChain:
-        names = app.config.filters
-        if names not in built:
-            built.clear()
-            built[names] = FilterChain.from_names(names)
-        return built[names]
+    async def prepare(engine: RoutingEngine) -> Callable[[], None]:
+        chain = FilterChain.from_config(engine.config.filters, engine.config.filter_settings)
+        await chain.setup(engine)
 
-    chain()  # an unknown filter name fails at start, not on the first request
-    service = ExtProcService(engine=lambda: app.engine, chain=chain)
+        def commit() -> None:
+            live[0] = (engine, chain)
+
+        return commit
+
+    app.on_engine(prepare)
+    service = ExtProcService(lambda: live[0])
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
     return service

@@ -37,10 +37,10 @@ class _Stream:
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, engine: Callable[[], RoutingEngine | None], chain: Callable[[], FilterChain]):
-        # Callables, so a config reload swaps both without touching streams in flight.
-        self._engine = engine
-        self._chain = chain
+    def __init__(self, current: Callable[[], tuple[RoutingEngine, FilterChain] | None]):
+        # The engine and its chain come as one snapshot per request: a config reload swaps the
+        # pair without touching requests in flight.
+        self._current = current
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
@@ -75,10 +75,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
         started = time.perf_counter()
-        engine = self._engine()
-        if engine is None:  # model still loading: let Envoy's default route take it
+        current = self._current()
+        if current is None:  # model still loading: let Envoy's default route take it
             metrics.REQUESTS.labels("not_ready").inc()
             return ext_proc.body_continue()
+        engine, chain = current
         deadline = time.monotonic() + engine.config.server.deadline_ms / 1000.0
         raw = bytes(stream.body)
         ctx: RequestContext | None = None
@@ -87,7 +88,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             decision = engine.default("body_too_large")
         else:
             try:
-                parsed = parse_body(raw, stream.path)
+                parsed = parse_body(raw, stream.path, engine.config.requests)
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.info("unusable request body", extra={"kind": bad.kind, "path": stream.path})
@@ -101,16 +102,17 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     prompt=parsed.prompt,
                     deadline=deadline,
                     engine=engine,
+                    body_bytes=len(raw),
                 )
-                decision = await self._run_chain(ctx, engine)
+                decision = await self._run_chain(ctx, engine, chain)
         response = self._answer(ctx, decision, engine)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         return response
 
-    async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine) -> Decision:
+    async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:
         try:
             async with asyncio.timeout_at(ctx.deadline):
-                await self._chain().run(ctx)
+                await chain.run(ctx)
         except TimeoutError:
             return engine.default("fallback_timeout")
         except Exception:

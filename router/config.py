@@ -109,12 +109,14 @@ class ServerConfig:
     metrics_port: int = 9090
     deadline_ms: float = 500.0  # a request still undecided by then gets the default route
     shutdown_grace_s: float = 10.0
+    watch_config_s: float = 2.0  # poll the config file for changes this often; 0 turns it off (SIGHUP still works)
 
     def __post_init__(self):
         for name in ("grpc_port", "metrics_port"):
             _require(0 <= getattr(self, name) <= 65535, name, "must be a port number (0 picks a free one)")
         _require(self.deadline_ms > 0, "deadline_ms", "must be positive")
         _require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must not be negative")
+        _require(self.watch_config_s >= 0, "watch_config_s", "must not be negative")
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,14 @@ class RequestsConfig:
     model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
     unknown_model: Literal["route", "reject"] = "route"
     max_body_bytes: int = 4 * 1024 * 1024
+    prompt_turns: int = 1  # route on the last N user turns, joined
+    include_system: bool = False  # prepend the system prompt to what is routed on
+    prompt_max_tokens: int = 512  # cap on the joined prompt (approximate; the encoder truncates further)
 
     def __post_init__(self):
         _require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+        _require(self.prompt_turns >= 1, "prompt_turns", "must be at least 1")
+        _require(self.prompt_max_tokens >= 8, "prompt_max_tokens", "must be at least 8")
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,7 @@ class RouterConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     requests: RequestsConfig = field(default_factory=RequestsConfig)
     filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
+    filter_settings: dict = field(default_factory=dict)  # filter name -> its own settings
     cache_size: int = 4096  # recent prompt -> decision; 0 turns the cache off
     log_prompts: bool = False  # prompts are user data: off unless debugging
 

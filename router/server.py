@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import signal
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Awaitable, Callable, Sequence
+
+import numpy as np
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -14,7 +20,8 @@ from prometheus_client import start_http_server
 
 from batching import BatcherSettings, ContinuousBatcher
 from router.classifier import RouteClassifier
-from router.config import RouterConfig
+from router import metrics
+from router.config import RouterConfig, load_config
 from router.encoder import SentenceEncoder
 from router.engine import RoutingEngine
 from router.metrics import PrometheusBatchObserver
@@ -24,6 +31,12 @@ log = logging.getLogger(__name__)
 # Services (the ext_proc servicer among them) plug in here, so the router never imports filters.
 SERVICE_GROUP = "semantic_router.services"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# Sections a running process cannot swap: they shape the model and the sockets.
+RESTART_ONLY = ("encoder", "batching", "server")
+
+# A service's hook, given each new engine before it serves; returns the step that makes the
+# service's own matching state live (run together with the engine swap, never half-way).
+EngineHook = Callable[[RoutingEngine], Awaitable[Callable[[], None]]]
 
 
 def batcher_settings(config: RouterConfig) -> BatcherSettings:
@@ -53,7 +66,14 @@ class RouterServer:
         self.grpc_port = 0
         self.metrics_port = 0
         self._metrics_http = None
-        self._stopped = asyncio.Event()
+        self._engine_hooks: list[EngineHook] = []
+        self._reload_lock = asyncio.Lock()
+        self._watch_task: asyncio.Task | None = None
+        # What the file said at start (CLI flags may override server.*): reload warns against this.
+        self._file_config = load_config(config_path) if config_path is not None else config
+
+    def on_engine(self, hook: EngineHook) -> None:
+        self._engine_hooks.append(hook)
 
     async def start(self) -> None:
         cfg = self.config.server
@@ -72,13 +92,76 @@ class RouterServer:
         await loop.run_in_executor(None, self.encoder.warmup)
         self.batcher = ContinuousBatcher(self.encoder, batcher_settings(self.config), PrometheusBatchObserver())
         self.batcher.start(loop)
-        classifier = await loop.run_in_executor(None, RouteClassifier, self.config, self.encoder.encode)
-        self.engine = RoutingEngine(self.config, self.batcher, classifier)
+        await self._activate(self.config, await self._build_engine(self.config))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self.config_path is not None and self.config.server.watch_config_s > 0:
+            self._watch_task = asyncio.create_task(self._watch_config(self.config.server.watch_config_s))
         log.info(
             "router serving",
             extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port, "device": self.encoder.device},
         )
+
+    async def _build_engine(self, config: RouterConfig) -> RoutingEngine:
+        """Utterances are embedded through the batcher: only its model thread touches the model."""
+        texts = sorted({u for r in config.routes for u in r.utterances} | set(config.default_route.utterances))
+        deadline = time.monotonic() + 300.0
+        vectors: list[np.ndarray] = []
+        step = max(1, config.batching.max_queue_requests // 2)
+        for i in range(0, len(texts), step):
+            vectors += await asyncio.gather(*(self.batcher.embed(t, deadline) for t in texts[i : i + step]))
+        lookup = dict(zip(texts, vectors))
+
+        def encode(batch: Sequence[str]) -> np.ndarray:
+            return np.stack([lookup[t] for t in batch])
+
+        loop = asyncio.get_running_loop()
+        # A head trained at load (no head_path) is seconds of torch work: off the event loop.
+        classifier = await loop.run_in_executor(None, RouteClassifier, config, encode)
+        return RoutingEngine(config, self.batcher, classifier)
+
+    async def _activate(self, config: RouterConfig, engine: RoutingEngine) -> None:
+        commits = [await hook(engine) for hook in self._engine_hooks]
+        # No await from here on: the swap is atomic for every request on the event loop.
+        self.config, self.engine = config, engine
+        for commit in commits:
+            commit()
+
+    async def reload(self, why: str) -> bool:
+        """Swap in the config file's current routes; an invalid file leaves the old ones serving."""
+        async with self._reload_lock:
+            try:
+                from_file = load_config(self.config_path)
+                frozen = [n for n in RESTART_ONLY if getattr(from_file, n) != getattr(self._file_config, n)]
+                if frozen:
+                    log.warning("config sections changed that need a restart; keeping their running values",
+                                extra={"sections": frozen})
+                new = dataclasses.replace(from_file, **{n: getattr(self.config, n) for n in RESTART_ONLY})
+                await self._activate(new, await self._build_engine(new))
+                self._file_config = from_file
+            except Exception as exc:
+                metrics.CONFIG_RELOADS.labels("error").inc()
+                log.error("config reload rejected; the previous config keeps serving",
+                          extra={"trigger": why, "error": str(exc)[:500]})
+                return False
+            metrics.CONFIG_RELOADS.labels("ok").inc()
+            log.info("config reloaded", extra={"trigger": why, "routes": len(new.routes)})
+            return True
+
+    async def _watch_config(self, interval: float) -> None:
+        def signature():
+            try:
+                st = os.stat(self.config_path)  # follows symlinks: Kubernetes ConfigMap updates swap one
+                return (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                return None
+
+        seen = signature()
+        while True:
+            await asyncio.sleep(interval)
+            now = signature()
+            if now is not None and now != seen:
+                seen = now
+                await self.reload("file_changed")
 
     async def _set_health(self, status) -> None:
         for name in ("", EXT_PROC_SERVICE):
@@ -87,6 +170,8 @@ class RouterServer:
     async def stop(self) -> None:
         """NOT_SERVING first (Envoy and Kubernetes stop sending), finish in-flight streams, drain."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         grace = self.config.server.shutdown_grace_s
         if self.grpc is not None:
             await self.grpc.stop(grace)
@@ -94,7 +179,6 @@ class RouterServer:
             await self.batcher.aclose(grace)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
-        self._stopped.set()
         log.info("router stopped")
 
     async def run_until_signal(self) -> None:
@@ -103,6 +187,7 @@ class RouterServer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload("sighup")))
         print(f"router ready grpc={self.grpc_port} metrics={self.metrics_port}", flush=True)
         await stop.wait()
         log.info("shutdown requested")

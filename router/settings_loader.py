@@ -78,6 +78,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return tuple(_convert(item_tp, v, _join(key, i)) for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
+    if origin is dict or tp is dict:
+        # Free-form section (e.g. a plugin's settings): the owner validates it later.
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")

@@ -83,3 +83,31 @@ def test_other_api_shapes():
     assert parse_body(body(items), "/v1/responses").prompt == "hi there"
     anthropic = {"model": "auto", "system": "x", "messages": [{"role": "user", "content": "bonjour"}]}
     assert parse_body(body(anthropic), "/v1/messages").prompt == "bonjour"
+
+
+def test_prompt_policy_turns_system_and_cap():
+    from router.config import RequestsConfig
+
+    convo = {"model": "auto", "messages": [
+        {"role": "system", "content": "You are a maths tutor."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+        {"role": "user", "content": "third"},
+    ]}
+    assert parse_body(body(convo), CHAT, RequestsConfig(prompt_turns=2)).prompt == "second\nthird"
+    assert parse_body(body(convo), CHAT, RequestsConfig(include_system=True)).prompt == "You are a maths tutor.\nthird"
+    long = {"model": "auto", "messages": [{"role": "user", "content": "x" * 100 + "END"}]}
+    capped = parse_body(body(long), CHAT, RequestsConfig(prompt_max_tokens=8)).prompt
+    assert capped.endswith("END") and len(capped) == 32
+
+
+def test_anthropic_system_and_responses_instructions():
+    from router.config import RequestsConfig
+
+    policy = RequestsConfig(include_system=True)
+    anthropic = {"model": "auto", "system": [{"type": "text", "text": "be terse"}],
+                 "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
+    assert parse_body(body(anthropic), "/v1/messages", policy).prompt == "be terse\nhello"
+    responses = {"model": "auto", "instructions": "answer in French", "input": "hi"}
+    assert parse_body(body(responses), "/v1/responses", policy).prompt == "answer in French\nhi"
