@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test test-unit test-integration bench clinc150 clean
+.PHONY: run test test-unit test-integration bench soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ bench: $(STAMP)
 	mkdir -p build
 	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
 	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
+
+soak: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)
 
 CLINC := ../shared/data/clinc150
 clinc150: $(STAMP)

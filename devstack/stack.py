@@ -68,7 +68,9 @@ class Stack:
         router_env: Mapping[str, str] | None = None,
         envoy_overrides: Mapping[str, object] | None = None,
         capture_logs: bool = True,
+        launch_router: bool = True,
     ):
+        """launch_router=False: the caller runs a router on ports.router_grpc itself."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ports = ports
@@ -78,6 +80,7 @@ class Stack:
         self.router_env = dict(router_env or {})
         self.envoy_overrides = envoy_overrides
         self.capture_logs = capture_logs
+        self.launch_router = launch_router
         self.backends = MockBackends(ports.backends)
         self.router: subprocess.Popen | None = None
         self.envoy: subprocess.Popen | None = None
@@ -95,7 +98,8 @@ class Stack:
     def start(self, timeout: float = 180.0) -> "Stack":
         try:
             self.backends.start()
-            self.start_router(timeout)
+            if self.launch_router:
+                self.start_router(timeout)
             self.start_envoy(timeout)
         except BaseException:
             self.stop()

@@ -108,7 +108,8 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9090
     deadline_ms: float = 500.0  # a request still undecided by then gets the default route
-    shutdown_grace_s: float = 10.0
+    shutdown_grace_s: float = 10.0  # after the delay: in-flight streams get this long to finish
+    shutdown_delay_s: float = 1.0  # on SIGTERM: report NOT_SERVING but keep serving this long first
     watch_config_s: float = 2.0  # poll the config file for changes this often; 0 turns it off (SIGHUP still works)
 
     def __post_init__(self):
@@ -116,6 +117,7 @@ class ServerConfig:
             _require(0 <= getattr(self, name) <= 65535, name, "must be a port number (0 picks a free one)")
         _require(self.deadline_ms > 0, "deadline_ms", "must be positive")
         _require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must not be negative")
+        _require(self.shutdown_delay_s >= 0, "shutdown_delay_s", "must not be negative")
         _require(self.watch_config_s >= 0, "watch_config_s", "must not be negative")
 
 

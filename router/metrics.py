@@ -37,6 +37,8 @@ BATCHER_DROPPED = Counter(
     "Requests the batcher did not embed, by reason (overload|expired|cancelled|error).",
     ["reason"],
 )
+LOOP_TASKS = Gauge("semantic_router_event_loop_tasks", "asyncio tasks alive in the router (leak watch).")
+THREADS = Gauge("semantic_router_threads", "Threads alive in the router process (leak watch).")
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import signal
+import threading
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -18,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from batching import BatcherSettings, ContinuousBatcher
+from batching import Backend, BatcherSettings, ContinuousBatcher
 from router.classifier import RouteClassifier
 from router import metrics
 from router.config import RouterConfig, load_config
@@ -55,11 +56,19 @@ def batcher_settings(config: RouterConfig) -> BatcherSettings:
 class RouterServer:
     """Owns every long-lived piece; `engine` is swapped whole on reload."""
 
-    def __init__(self, config: RouterConfig, config_path: Path | None = None):
+    def __init__(
+        self,
+        config: RouterConfig,
+        config_path: Path | None = None,
+        backend_factory: Callable[[RouterConfig], Backend] | None = None,
+    ):
+        # backend_factory: what to run instead of the configured sentence-transformers model
+        # (fault-injection tests); None loads config.encoder.
+        self._backend_factory = backend_factory or (lambda cfg: SentenceEncoder(cfg.encoder))
         self.config = config
         self.config_path = config_path
         self.engine: RoutingEngine | None = None
-        self.encoder: SentenceEncoder | None = None
+        self.backend: Backend | None = None
         self.batcher: ContinuousBatcher | None = None
         self.health = health.aio.HealthServicer()
         self.grpc: grpc.aio.Server | None = None
@@ -69,6 +78,7 @@ class RouterServer:
         self._engine_hooks: list[EngineHook] = []
         self._reload_lock = asyncio.Lock()
         self._watch_task: asyncio.Task | None = None
+        self._gauge_task: asyncio.Task | None = None
         # What the file said at start (CLI flags may override server.*): reload warns against this.
         self._file_config = load_config(config_path) if config_path is not None else config
 
@@ -88,17 +98,19 @@ class RouterServer:
         await self.grpc.start()
         loop = asyncio.get_running_loop()
         # Model load and warm-up block for seconds: keep the loop (health checks) answering.
-        self.encoder = await loop.run_in_executor(None, SentenceEncoder, self.config.encoder)
-        await loop.run_in_executor(None, self.encoder.warmup)
-        self.batcher = ContinuousBatcher(self.encoder, batcher_settings(self.config), PrometheusBatchObserver())
+        self.backend = await loop.run_in_executor(None, self._backend_factory, self.config)
+        await loop.run_in_executor(None, self.backend.warmup)
+        self.batcher = ContinuousBatcher(self.backend, batcher_settings(self.config), PrometheusBatchObserver())
         self.batcher.start(loop)
         await self._activate(self.config, await self._build_engine(self.config))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.config_path is not None and self.config.server.watch_config_s > 0:
             self._watch_task = asyncio.create_task(self._watch_config(self.config.server.watch_config_s))
+        self._gauge_task = asyncio.create_task(self._update_process_gauges())
         log.info(
             "router serving",
-            extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port, "device": self.encoder.device},
+            extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
+                   "device": getattr(self.backend, "device", "n/a")},
         )
 
     async def _build_engine(self, config: RouterConfig) -> RoutingEngine:
@@ -163,15 +175,24 @@ class RouterServer:
                 seen = now
                 await self.reload("file_changed")
 
+    async def _update_process_gauges(self) -> None:
+        while True:
+            metrics.LOOP_TASKS.set(len(asyncio.all_tasks()))
+            metrics.THREADS.set(threading.active_count())
+            await asyncio.sleep(1.0)
+
     async def _set_health(self, status) -> None:
         for name in ("", EXT_PROC_SERVICE):
             await self.health.set(name, status)
 
     async def stop(self) -> None:
-        """NOT_SERVING first (Envoy and Kubernetes stop sending), finish in-flight streams, drain."""
+        """NOT_SERVING first, keep serving for shutdown_delay_s while that propagates (readiness
+        probes, health-checking peers), then refuse new streams, finish in-flight ones, drain."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
+        for task in (self._watch_task, self._gauge_task):
+            if task is not None:
+                task.cancel()
+        await asyncio.sleep(self.config.server.shutdown_delay_s)
         grace = self.config.server.shutdown_grace_s
         if self.grpc is not None:
             await self.grpc.stop(grace)

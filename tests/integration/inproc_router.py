@@ -1,0 +1,33 @@
+"""The real RouterServer on a private event loop in a thread, with a model the test controls."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from router.config import parse_config
+from router.server import RouterServer
+
+
+class InProcessRouter:
+    def __init__(self, config: dict, backend):
+        self.config = parse_config(config)
+        self.backend = backend
+        self.loop = asyncio.new_event_loop()
+        self.server: RouterServer | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="inproc-router", daemon=True)
+
+    def start(self) -> "InProcessRouter":
+        self._thread.start()
+        self.server = RouterServer(self.config, None, backend_factory=lambda cfg: self.backend)
+        self.call(self.server.start())
+        return self
+
+    def call(self, coro, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)

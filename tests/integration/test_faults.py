@@ -1,0 +1,102 @@
+"""Model faults through the real Envoy: errors, slowness and overload fall back in time; nothing stalls."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+
+from devstack import envoy_bootstrap
+from devstack.stack import ROOT, Stack, StackPorts
+from tests.fakes import FakeBackend
+from tests.integration.conftest import metric, scrape
+from tests.integration.inproc_router import InProcessRouter
+
+MATH = "solve 3x + 5 = 20"  # an utterance of router.yaml: the fake model matches it exactly
+
+
+class FaultyBackend(FakeBackend):
+    """The fake model with a switch: ok, raise (a CUDA-style error), or slow (seconds per batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mode = "ok"
+        self.delay = 2.0
+
+    def embed(self, token_ids):
+        if self.mode == "raise":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if self.mode == "slow":
+            time.sleep(self.delay)
+        return super().embed(token_ids)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory, envoy_binary):
+    cfg = yaml.safe_load((ROOT / "router.yaml").read_text())
+    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(ROOT / "envoy.yaml")))
+    cfg["cache_size"] = 0
+    cfg["batching"].update(max_batch_size=1, max_queue_requests=2)
+    cfg["server"].update(grpc_port=ports.router_grpc, metrics_port=ports.router_metrics, deadline_ms=500)
+    backend = FaultyBackend()
+    router = InProcessRouter(cfg, backend).start()
+    stack = Stack(tmp_path_factory.mktemp("faults"), ports, launch_router=False).start()
+    yield stack, backend
+    stack.stop()
+    router.stop()
+
+
+def ask(stack, prompt=MATH):
+    t0 = time.monotonic()
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
+                   json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
+    return r, time.monotonic() - t0
+
+
+def wait_idle(backend):
+    """Let a slow batch still on the model thread finish."""
+    backend.mode = "ok"
+    time.sleep(backend.delay + 0.2)
+
+
+def test_model_error_falls_back_and_batcher_keeps_serving(faulty):
+    stack, backend = faulty
+    assert ask(stack)[0].headers["x-semantic-route"] == "math"
+    backend.mode = "raise"
+    r, _ = ask(stack)
+    assert r.status_code == 200
+    assert r.headers["x-mock-backend"] == "general-model"
+    assert r.headers["x-semantic-route-reason"] == "fallback_error"
+    backend.mode = "ok"
+    assert ask(stack)[0].headers["x-semantic-route-reason"] == "matched"
+
+
+def test_slow_model_falls_back_within_the_deadline(faulty):
+    stack, backend = faulty
+    backend.mode = "slow"
+    r, elapsed = ask(stack)
+    assert r.status_code == 200
+    assert r.headers["x-semantic-route-reason"] == "fallback_timeout"
+    assert r.headers["x-mock-backend"] == "general-model"
+    assert elapsed < 1.5  # deadline 0.5 s, Envoy's message_timeout 1 s
+    wait_idle(backend)
+    assert ask(stack)[0].headers["x-semantic-route-reason"] == "matched"
+
+
+def test_overload_falls_back_at_once_and_is_counted(faulty):
+    stack, backend = faulty
+    before = metric(scrape(stack.metrics_url), "semantic_router_requests_total", 'outcome="fallback_overload"')
+    backend.mode, backend.delay = "slow", 0.4
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda _: ask(stack), range(12)))
+    wait_idle(backend)
+    reasons = [r.headers["x-semantic-route-reason"] for r, _ in results]
+    assert all(r.status_code == 200 for r, _ in results)
+    assert "fallback_overload" in reasons
+    overloaded = [t for (r, t) in results if r.headers["x-semantic-route-reason"] == "fallback_overload"]
+    assert min(overloaded) < 0.4  # refused without waiting for the model
+    after = metric(scrape(stack.metrics_url), "semantic_router_requests_total", 'outcome="fallback_overload"')
+    assert after - before == reasons.count("fallback_overload")

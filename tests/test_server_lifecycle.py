@@ -1,0 +1,81 @@
+"""RouterServer start and stop: readiness only once warm; stop goes NOT_SERVING first and drains."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from router.config import parse_config
+from router.server import RouterServer
+from tests.fakes import FakeBackend
+from tests.test_service import CONFIG, body_msg, chat, headers_msg, set_headers
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def config():
+    return parse_config({**CONFIG, "server": {"grpc_port": 0, "metrics_port": 0, "deadline_ms": 5000,
+                                              "shutdown_grace_s": 5, "shutdown_delay_s": 1.0}})
+
+
+async def health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        return reply.status
+
+
+def test_stop_reports_not_serving_then_finishes_in_flight_requests():
+    async def main():
+        backend = FakeBackend()
+        server = RouterServer(config(), None, backend_factory=lambda cfg: backend)
+        await server.start()
+        port = server.grpc_port
+        assert await health(port) == SERVING
+        backend.gate.clear()  # the next request stays on the model until released
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = pb_grpc.ExternalProcessorStub(ch).Process()
+            await call.write(headers_msg())
+            await call.read()
+            await call.write(body_msg(chat("solve 3x + 5 = 20")))
+            await asyncio.to_thread(backend.entered.wait, 5)
+
+            stopping = asyncio.create_task(server.stop())
+            await asyncio.sleep(0.2)
+            assert await health(port) == NOT_SERVING  # Envoy / Kubernetes stop sending first
+            assert not stopping.done()  # ... while the request in flight is still being served
+            backend.gate.set()
+            resp = await asyncio.wait_for(call.read(), 5)
+            assert set_headers(resp)["x-semantic-route"] == "math"
+            await call.done_writing()
+            await asyncio.wait_for(stopping, 10)
+
+    asyncio.run(main())
+
+
+def test_health_is_not_serving_until_the_model_is_warm():
+    async def main():
+        backend = FakeBackend()
+        warm = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def slow_warmup():
+            asyncio.run_coroutine_threadsafe(warm.wait(), loop).result(10)
+
+        backend.warmup = slow_warmup
+        server = RouterServer(config(), None, backend_factory=lambda cfg: backend)
+        starting = asyncio.create_task(server.start())
+        while server.grpc_port == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert await health(server.grpc_port) == NOT_SERVING
+        warm.set()
+        await starting
+        assert await health(server.grpc_port) == SERVING
+        await server.stop()
+
+    asyncio.run(main())
