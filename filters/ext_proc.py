@@ -12,8 +12,7 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-# The router owns these: whatever a client sends under these names is removed at the headers phase.
-ROUTER_HEADERS = ("x-selected-model", "x-semantic-route", "x-semantic-route-score", "x-semantic-route-reason")
+from router.headers import ROUTER_HEADERS  # a client's copies are removed at the headers phase
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")

@@ -18,6 +18,7 @@ from filters.request_body import BadBody, parse_body
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
+from router.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +129,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         metrics.REQUESTS.labels(decision.reason).inc()
         metrics.ROUTE_DECISIONS.labels(decision.route).inc()
         headers = {
-            "x-selected-model": decision.model,
-            "x-semantic-route": decision.route,
-            "x-semantic-route-score": f"{decision.score:.4f}",
-            "x-semantic-route-reason": decision.reason,
+            SELECTED_MODEL: decision.model,
+            ROUTE: decision.route,
+            SCORE: f"{decision.score:.4f}",
+            REASON: decision.reason,
         }
         new_body = None
         if ctx is not None:

@@ -1,4 +1,4 @@
-"""`semantic-router` command line: serve, classify, eval, fit."""
+"""`semantic-router` command line: serve, classify, eval, fit, envoy-config."""
 
 from __future__ import annotations
 
@@ -137,6 +137,42 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backend_flag(value: str):
+    """MODEL=HOST:PORT[:tls]"""
+    from router.config import BackendConfig
+
+    try:
+        model, target = value.split("=", 1)
+        host, port, *rest = target.rsplit(":", 2) if target.endswith(":tls") else target.rsplit(":", 1)
+        return BackendConfig(model=model, address=host, port=int(port), tls=bool(rest))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODEL=HOST:PORT[:tls], got {value!r}") from None
+
+
+def cmd_envoy_config(args: argparse.Namespace) -> int:
+    from router.envoy_config import render_yaml
+
+    config = _load(args.config)
+    overrides = {k: v for k, v in {"listen_address": args.listen_address, "listen_port": args.listen_port,
+                                   "admin_port": args.admin_port, "router_address": args.router_address}.items()
+                 if v is not None}
+    config = dataclasses.replace(config, envoy=dataclasses.replace(config.envoy, **overrides))
+    if args.backend:
+        given = {b.model: b for b in args.backend}
+        kept = tuple(b for b in config.backends if b.model not in given)
+        config = dataclasses.replace(config, backends=kept + tuple(given.values()))
+    try:
+        text = render_yaml(config)
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="semantic-router", description="Semantic router for LLM traffic (Envoy ext_proc).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep default-route recall at least this on the tuning data")
     ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")
     ft.set_defaults(func=cmd_fit)
+
+    ec = sub.add_parser("envoy-config", help="render the Envoy bootstrap for this router config")
+    ec.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ec.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    ec.add_argument("--listen-address")
+    ec.add_argument("--listen-port", type=int)
+    ec.add_argument("--admin-port", type=int)
+    ec.add_argument("--router-address", help="where Envoy reaches the router (default 127.0.0.1)")
+    ec.add_argument("--backend", "--backends", action="append", type=_backend_flag, metavar="MODEL=HOST:PORT[:tls]",
+                    help="set a backend model's address (repeatable); overrides the config's backends")
+    ec.set_defaults(func=cmd_envoy_config)
     return parser
 
 

@@ -137,6 +137,40 @@ class RequestsConfig:
 
 
 @dataclass(frozen=True)
+class BackendConfig:
+    """Where Envoy sends a backend model's traffic (used by `semantic-router envoy-config`)."""
+
+    model: str
+    address: str  # an IP (static cluster) or a DNS name (strict DNS cluster)
+    port: int
+    tls: bool = False
+    sni: str | None = None  # TLS server name; defaults to the address
+
+    def __post_init__(self):
+        _header_safe(self.model, "model")
+        _require(1 <= self.port <= 65535, "port", "must be a port number")
+
+
+@dataclass(frozen=True)
+class EnvoyConfig:
+    """The gateway side of the deployment, for `semantic-router envoy-config`."""
+
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 8080
+    admin_address: str = "127.0.0.1"
+    admin_port: int = 9901
+    router_address: str = "127.0.0.1"  # where Envoy reaches server.grpc_port
+    max_request_bytes: int = 8 * 1024 * 1024  # Envoy's buffer for one request; above it: 413
+    upstream_timeout_s: float = 300.0  # LLM responses stream for a long time
+
+    def __post_init__(self):
+        for name in ("listen_port", "admin_port"):
+            _require(1 <= getattr(self, name) <= 65535, name, "must be a port number")
+        _require(self.max_request_bytes >= 1024, "max_request_bytes", "must be at least 1024")
+        _require(self.upstream_timeout_s > 0, "upstream_timeout_s", "must be positive")
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     routes: tuple[RouteConfig, ...]
     default_route: DefaultRouteConfig
@@ -148,6 +182,8 @@ class RouterConfig:
     requests: RequestsConfig = field(default_factory=RequestsConfig)
     filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
     filter_settings: dict = field(default_factory=dict)  # filter name -> its own settings
+    backends: tuple[BackendConfig, ...] = ()
+    envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     cache_size: int = 4096  # recent prompt -> decision; 0 turns the cache off
     log_prompts: bool = False  # prompts are user data: off unless debugging
 
@@ -159,6 +195,12 @@ class RouterConfig:
             seen.add(route.name)
         _require(-1.0 <= self.default_threshold <= 1.0, "default_threshold", "must be between -1 and 1")
         _require(self.cache_size >= 0, "cache_size", "must not be negative")
+        seen_models = set()
+        for i, b in enumerate(self.backends):
+            _require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")
+            _require(b.model in self.backend_models, f"backends[{i}].model",
+                     f"{b.model!r} is not the model of any route or the default route")
+            seen_models.add(b.model)
 
     @property
     def backend_models(self) -> frozenset[str]:

@@ -1,0 +1,76 @@
+"""A real Prometheus server scrapes the router during a short load; its HTTP API reads the series back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+
+from devstack.stack import free_port
+
+
+@pytest.fixture
+def prometheus(stack, tmp_path):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("the prometheus server is needed; `make test` installs Debian's package (make tools)", pytrace=False)
+    port = free_port()
+    cfg = {"global": {"scrape_interval": "1s"},
+           "scrape_configs": [{"job_name": "semantic-router",
+                               "static_configs": [{"targets": [f"127.0.0.1:{stack.ports.router_metrics}"]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(30)
+
+
+def query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            body = json.load(r)
+    except OSError:
+        return []
+    return body["data"]["result"] if body.get("status") == "success" else []
+
+
+def wait_for(cond, timeout=60.0):
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.5)
+    return None
+
+
+def test_prometheus_scrapes_batches_and_routes(stack, prometheus):
+    assert wait_for(lambda: query(prometheus, 'up{job="semantic-router"} == 1')), "target never came up"
+    prompts = [f"solve the equation {i}x + 1 = {i + 7}" for i in range(150)] + \
+              [f"write a python function number {i} that parses json" for i in range(150)]
+    with ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(lambda p: httpx.post(
+            f"{stack.url}/v1/chat/completions", timeout=30,
+            json={"model": "auto", "messages": [{"role": "user", "content": p}]}).status_code, prompts))
+    assert set(statuses) == {200}
+    batches = wait_for(lambda: query(prometheus, "sum(semantic_router_batch_size_count) > 0"))
+    assert batches and float(batches[0]["value"][1]) > 0
+    buckets = wait_for(lambda: query(prometheus, 'semantic_router_batch_size_bucket{le="64.0"}'))
+    assert buckets
+    routes = wait_for(lambda: (lambda r: r if {"math", "code"} <= {s["metric"]["route"] for s in r} else None)(
+        query(prometheus, "semantic_router_route_decisions_total")))
+    assert routes, "route counters not scraped"
+    mean = query(prometheus, "sum(semantic_router_batch_size_sum) / sum(semantic_router_batch_size_count)")
+    assert mean and float(mean[0]["value"][1]) >= 1.0

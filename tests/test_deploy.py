@@ -1,0 +1,145 @@
+"""Deployment files checked by the real tools: kustomize, kubernetes-validate, promtool; the Grafana
+dashboard against the metrics the router exports; the Dockerfile against the tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import router.metrics  # noqa: F401  (registers every metric)
+from prometheus_client import REGISTRY
+from tests.conftest import ROOT
+
+K8S = ROOT / "deploy" / "kubernetes"
+K8S_VERSION = "1.33"
+
+
+def tool(name: str, env: str | None = None) -> str:
+    found = (os.environ.get(env) if env else None) or shutil.which(name)
+    if not found or not Path(found).exists():
+        pytest.fail(f"`{name}` is needed for this test; `make test` installs it (make tools)", pytrace=False)
+    return found
+
+
+def kustomize(path: Path) -> list[dict]:
+    out = subprocess.run([tool("kustomize", "KUSTOMIZE"), "build", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module", params=["base", "overlays/cpu", "overlays/gpu"])
+def rendered(request):
+    return request.param, kustomize(K8S / request.param)
+
+
+def by_kind(objects: list[dict]) -> dict[str, dict]:
+    return {o["kind"]: o for o in objects}
+
+
+def test_every_object_validates_against_the_kubernetes_schema(rendered):
+    _, objects = rendered
+    assert {o["kind"] for o in objects} >= {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy"}
+    for o in objects:
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+
+
+def test_pod_shape_probes_and_selectors(rendered):
+    name, objects = rendered
+    kinds = by_kind(objects)
+    pod = kinds["Deployment"]["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    router = next(c for c in pod["spec"]["initContainers"] if c["name"] == "router")
+    envoy = next(c for c in pod["spec"]["containers"] if c["name"] == "envoy")
+    assert router["restartPolicy"] == "Always"  # native sidecar
+    assert router["readinessProbe"]["grpc"]["port"] == 50051  # gRPC health: SERVING only when warm
+    assert router["livenessProbe"] and router["startupProbe"]
+    assert envoy["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    for c in (router, envoy):
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    for kind in ("PodDisruptionBudget", "Service", "NetworkPolicy"):
+        spec = kinds[kind]["spec"]
+        selector = spec.get("selector") if kind == "Service" else (spec.get("selector") or spec.get("podSelector"))["matchLabels"]
+        assert selector and all(labels.get(k) == v for k, v in selector.items()), kind
+    gpu = router["resources"]["limits"].get("nvidia.com/gpu")
+    assert (gpu == 1) if name == "overlays/gpu" else gpu is None
+
+
+def test_configmaps_carry_the_committed_configs():
+    objects = kustomize(K8S / "base")
+    data = {}
+    for o in objects:
+        if o["kind"] == "ConfigMap":
+            data.update(o["data"])
+    assert data["router.yaml"] == (K8S / "base" / "router.yaml").read_text()
+    assert data["envoy.yaml"] == (K8S / "base" / "envoy.yaml").read_text()
+
+
+def test_promtool_checks_scrape_config_and_alert_rules():
+    promtool = tool("promtool")
+    for args in (["check", "config", "deploy/prometheus/prometheus.yml"], ["check", "rules", "deploy/prometheus/alerts.yml"]):
+        out = subprocess.run([promtool, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} == {
+        "SemanticRouterDown", "SemanticRouterFallbackRatioHigh", "SemanticRouterProcessingLatencyHigh",
+        "SemanticRouterQueueNearFull"}
+
+
+def exported_names() -> set[str]:
+    names = set()
+    for collector, sample_names in REGISTRY._collector_to_names.items():
+        names.update(sample_names)
+    return {n for n in names if n.startswith("semantic_router_")}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(semantic_router_[a-z0-9_]+)", expr))
+
+
+def test_grafana_panels_only_use_exported_metrics():
+    dash = json.loads((ROOT / "deploy/grafana/semantic-router.json").read_text())
+    exported = exported_names()
+    titles = {p["title"] for p in dash["panels"]}
+    assert {"Requests by route", "Fallbacks by reason", "Routing latency (ext_proc body to answer)",
+            "Batch size distribution", "Queue wait", "Queue depth", "Model inference time per batch",
+            "Decision cache hit ratio"} <= titles
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used = promql_metric_names(target["expr"])
+            assert used, (panel["title"], target["expr"])
+            assert used <= exported, f"{panel['title']}: {sorted(used - exported)} not exported"
+    for rule in yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]:
+        assert promql_metric_names(rule["expr"]) <= exported, rule["alert"]  # `up` is Prometheus' own
+
+
+def test_grafana_sidecar_configmap():
+    (cm,) = kustomize(ROOT / "deploy/grafana")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    kubernetes_validate.validate(cm, K8S_VERSION, strict=True)
+    assert json.loads(cm["data"]["semantic-router.json"]) == json.loads((ROOT / "deploy/grafana/semantic-router.json").read_text())
+
+
+def test_dockerfile_copies_only_what_exists_and_pins_match():
+    text = (ROOT / "deploy/docker/Dockerfile").read_text()
+    copies = re.findall(r"^COPY\s+(.+)$", text, flags=re.M)
+    assert copies
+    for line in copies:
+        *sources, _dest = line.split()
+        for src in sources:
+            assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+    assert "torch==2.13.0" in text and "VARIANT" in text
+
+    def pins(path):
+        return dict(line.strip().split("==") for line in (ROOT / path).read_text().splitlines() if "==" in line)
+
+    runtime, dev = pins("requirements-runtime.lock"), pins("requirements.lock")
+    assert {k: v for k, v in runtime.items() if dev.get(k) != v} == {}
