@@ -97,6 +97,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def occupy_model(h: Harness, backend: FakeBackend) -> asyncio.Task:
+    """One request held on the model thread, so that the following ones queue up behind it."""
+    first = asyncio.create_task(h.exchange(headers_msg(), body_msg(chat("occupies the model"))))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    return first
+
+
 def test_headers_phase_strips_client_supplied_router_headers():
     async def main():
         async with Harness() as h:
@@ -223,8 +230,7 @@ def test_concurrent_streams_share_batches():
     async def main():
         backend = FakeBackend(hold=True)
         async with Harness(backend=backend) as h:
-            first = asyncio.create_task(h.exchange(headers_msg(), body_msg(chat("warm the model"))))
-            await asyncio.to_thread(backend.entered.wait, 5)
+            first = await occupy_model(h, backend)
             others = [asyncio.create_task(h.exchange(headers_msg(), body_msg(chat(f"prompt {i}")))) for i in range(8)]
             while len(backend.tokenized) < 9:
                 await asyncio.sleep(0.01)
@@ -239,8 +245,7 @@ def test_stream_closed_by_envoy_cancels_queued_work():
     async def main():
         backend = FakeBackend(hold=True)
         async with Harness(backend=backend) as h:
-            first = asyncio.create_task(h.exchange(headers_msg(), body_msg(chat("occupies the model"))))
-            await asyncio.to_thread(backend.entered.wait, 5)
+            first = await occupy_model(h, backend)
             call = h.stub.Process()
             await call.write(headers_msg())
             await call.read()
