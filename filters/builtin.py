@@ -45,7 +45,8 @@ class ModelPolicy:
 
 
 class SemanticRoute:
-    """Classifies the prompt unless an earlier filter already decided; writes the model back."""
+    """Classifies the prompt unless an earlier filter already decided (the service then writes
+    the decision's model into the body when the model policy asked for it)."""
 
     name = "semantic_route"
 
@@ -58,9 +59,6 @@ class SemanticRoute:
                 ctx.decision = ctx.engine.default("no_prompt")
             else:
                 ctx.decision = await ctx.engine.decide(ctx.prompt, ctx.deadline, ctx.embedding)
-        if ctx.rewrite_model and ctx.body.get("model") != ctx.decision.model:
-            ctx.body["model"] = ctx.decision.model
-            ctx.body_changed = True
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 parsed = parse_body(raw, stream.path, engine.config.requests)
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
-                log.info("unusable request body", extra={"kind": bad.kind, "path": stream.path})
+                log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
                 decision = engine.default("invalid_body")
             else:
                 ctx = RequestContext(
@@ -116,8 +116,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 await chain.run(ctx)
         except TimeoutError:
             return engine.default("fallback_timeout")
-        except Exception:
-            log.exception("filter chain failed")
+        except Exception as exc:  # a broken filter must not fail the request, nor flood the log per request
+            log.warning("filter chain failed", extra={"error": type(exc).__name__},
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             ctx.immediate = None
             return engine.default("fallback_error")
         return ctx.decision or engine.default("default")
@@ -137,6 +138,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}
+            if ctx.rewrite_model and ctx.body.get("model") != decision.model:
+                # Also on a fallback: "auto" must reach the backend as a model it serves.
+                ctx.body["model"] = decision.model
+                ctx.body_changed = True
             if ctx.body_changed:
                 new_body = json.dumps(ctx.body, ensure_ascii=False, separators=(",", ":")).encode()
                 headers["content-length"] = str(len(new_body))

@@ -70,6 +70,7 @@ def test_model_error_falls_back_and_batcher_keeps_serving(faulty):
     assert r.status_code == 200
     assert r.headers["x-mock-backend"] == "general-model"
     assert r.headers["x-semantic-route-reason"] == "fallback_error"
+    assert r.json()["model"] == "general-model"  # "auto" still becomes a model the backend serves
     backend.mode = "ok"
     assert ask(stack)[0].headers["x-semantic-route-reason"] == "matched"
 
@@ -82,6 +83,7 @@ def test_slow_model_falls_back_within_the_deadline(faulty):
     assert r.headers["x-semantic-route-reason"] == "fallback_timeout"
     assert r.headers["x-mock-backend"] == "general-model"
     assert elapsed < 1.5  # deadline 0.5 s, Envoy's message_timeout 1 s
+    assert r.json()["model"] == "general-model"
     wait_idle(backend)
     assert ask(stack)[0].headers["x-semantic-route-reason"] == "matched"
 
