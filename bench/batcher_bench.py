@@ -178,7 +178,7 @@ async def run_workload(enc: SentenceEncoder, name: str, scale: float, settings: 
 
 
 async def main_async(args) -> dict:
-    enc = SentenceEncoder(EncoderConfig(device=args.device))
+    enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
     enc.warmup()
     settings = BatcherSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens)
     rows, checks = [], {}
@@ -189,6 +189,7 @@ async def main_async(args) -> dict:
     return {
         "benchmark": "batcher",
         "device": enc.device,
+        "cpu_bf16": enc.cpu_bf16,
         "cpu_count": os.cpu_count(),
         "max_batch_size": settings.max_batch_size,
         "max_batch_tokens": settings.max_batch_tokens,
@@ -204,6 +205,7 @@ def main() -> None:
     p.add_argument("--workloads", nargs="+", default=["short", "mixed"], choices=sorted(WORKLOADS))
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--cpu-bf16", action="store_true", help="bf16 autocast on CPU (encoder.cpu_bf16)")
     p.add_argument("--out")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

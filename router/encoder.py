@@ -64,6 +64,7 @@ class SentenceEncoder:
         self.model = SentenceTransformer(model_path, device=self.device)
         self.model.eval()
         self.half = self.device.startswith("cuda") and config.half_precision
+        self.cpu_bf16 = self.device == "cpu" and config.cpu_bf16
         if self.half:
             self.model.half()
         self.max_seq_length = min(config.max_seq_length or self.model.max_seq_length, self.model.max_seq_length)
@@ -98,7 +99,7 @@ class SentenceEncoder:
             "input_ids": torch.from_numpy(ids).to(self.device, non_blocking=True),
             "attention_mask": torch.from_numpy(mask).to(self.device, non_blocking=True),
         }
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
             emb = self.model(features)["sentence_embedding"]
             emb = torch.nn.functional.normalize(emb.float(), dim=-1)
             # The only device->host copy (and sync) per batch.

@@ -84,3 +84,10 @@ def test_cli_reports_config_errors_by_key(tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2
     assert "routes: needs at least one route" in out.stderr
+
+
+def test_cpu_bf16_stays_close_to_fp32(encoder):
+    bf16 = SentenceEncoder(EncoderConfig(device="cpu", cpu_bf16=True))
+    texts = [p for ps in PROMPTS.values() for p in ps]
+    cos = np.sum(bf16.encode(texts) * encoder.encode(texts), axis=1)
+    assert cos.min() > 0.98, cos.min()
