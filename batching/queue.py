@@ -128,10 +128,6 @@ class BatchQueue:
             self._closed = True
             self._cond.notify_all()
 
-    def wait_drained(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._reserved == 0, timeout)
-
     def next_batch(self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0) -> Batch | None:
         """Block until there is work; None once closed and nothing is left reserved."""
         with self._cond:

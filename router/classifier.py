@@ -84,9 +84,6 @@ class RouteClassifier:
             cols.append(top.mean(axis=1) if self._mean else top.max(axis=1))
         return np.stack(cols, axis=1)
 
-    def route_scores(self, embedding: np.ndarray) -> np.ndarray:
-        return self.scores(embedding[None, :])[0][: len(self.routes)]
-
     def choose(self, scores: np.ndarray, thresholds: np.ndarray | None = None) -> np.ndarray:
         """Route index per row of `scores`, or -1 for the default route (vectorised for eval/fit)."""
         thresholds = self.thresholds if thresholds is None else thresholds

@@ -256,3 +256,17 @@ def test_shutdown_drains_queued_requests_and_refuses_new_ones():
         assert len(results) == 6 and all(r.shape == (FakeBackend.dim,) for r in results)
 
     asyncio.run(main())
+
+
+def test_optional_max_wait_tops_up_a_small_batch():
+    async def main():
+        backend = FakeBackend()
+        b, _ = await started(backend, max_batch_size=2, max_wait_s=5.0)
+        first = asyncio.create_task(b.embed("alone at first", far()))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(b.embed("arrives later", far()))
+        await asyncio.gather(first, second)
+        assert backend.batches == [["alone at first", "arrives later"]]
+        await b.aclose()
+
+    asyncio.run(main())
