@@ -31,10 +31,10 @@ tools: $(KUSTOMIZE)
 test: $(STAMP) tools
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-integration: $(STAMP)
+test-integration: $(STAMP) tools
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -23,7 +23,8 @@ K8S_VERSION = "1.33"
 
 
 def tool(name: str, env: str | None = None) -> str:
-    found = (os.environ.get(env) if env else None) or shutil.which(name)
+    local = ROOT / "build" / "tools" / "node_modules" / ".bin" / name  # where `make tools` puts npm-shipped tools
+    found = (os.environ.get(env) if env else None) or shutil.which(name) or (str(local) if local.exists() else None)
     if not found or not Path(found).exists():
         pytest.fail(f"`{name}` is needed for this test; `make test` installs it (make tools)", pytrace=False)
     return found
