@@ -11,7 +11,7 @@ from typing import Mapping
 
 import yaml
 
-ROUTER_CLUSTER = "semantic_router"
+from router.envoy_config import ROUTER_CLUSTER
 
 
 def find_envoy() -> str:
