@@ -34,7 +34,7 @@ class _Stream:
         self.path = ""
         self.method = ""
         self.headers: dict[str, str] = {}
-        self.body = bytearray()
+        self.body: list[bytes] = []  # chunks; BUFFERED mode sends one, joined without a copy
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -51,7 +51,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 yield self._on_headers(request.request_headers, stream)
             elif kind == "request_body":
                 chunk = request.request_body
-                stream.body += chunk.body
+                stream.body.append(chunk.body)
                 if chunk.end_of_stream:
                     yield await self._on_body(stream)
                 else:
@@ -82,7 +82,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return ext_proc.body_continue()
         engine, chain = current
         deadline = time.monotonic() + engine.config.server.deadline_ms / 1000.0
-        raw = bytes(stream.body)
+        raw = b"".join(stream.body)
         ctx: RequestContext | None = None
         if len(raw) > engine.config.requests.max_body_bytes:
             metrics.BAD_REQUESTS.labels("too_large").inc()

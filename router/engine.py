@@ -24,16 +24,17 @@ class RoutingEngine:
         self.batcher = batcher
         self.classifier = classifier
         self.cache: LRUCache[Decision] = LRUCache(config.cache_size)
+        # A pinned model is reported under the first route that sends to it (else the default route).
+        self._route_of_model: dict[str, str] = {}
+        for route in reversed(config.routes):
+            self._route_of_model[route.model] = route.name
 
     def default(self, reason: str) -> Decision:
         return self.classifier.default(reason)
 
     def pinned(self, model: str) -> Decision:
         """The decision for a request that names a backend model itself."""
-        for route in self.config.routes:
-            if route.model == model:
-                return Decision(route.name, model, 1.0, "model_pinned")
-        return Decision(self.config.default_route.name, model, 1.0, "model_pinned")
+        return Decision(self._route_of_model.get(model, self.config.default_route.name), model, 1.0, "model_pinned")
 
     async def embed(self, prompt: str, deadline: float) -> np.ndarray:
         """Raises BatcherError (overload, deadline, shutdown) or the model's own error."""
