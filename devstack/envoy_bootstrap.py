@@ -30,7 +30,7 @@ def load(path: str | os.PathLike) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-def _socket(address: dict) -> dict:
+def socket_of(address: dict) -> dict:
     return address["socket_address"]
 
 
@@ -48,14 +48,14 @@ def retarget(
 ) -> dict:
     """A copy of `bootstrap` with every port replaced; `overrides` patches ext_proc filter keys."""
     out = copy.deepcopy(bootstrap)
-    _socket(out["admin"]["address"])["port_value"] = admin_port
+    socket_of(out["admin"]["address"])["port_value"] = admin_port
     (listener,) = out["static_resources"]["listeners"]
-    _socket(listener["address"])["port_value"] = listener_port
+    socket_of(listener["address"])["port_value"] = listener_port
     for cluster in out["static_resources"]["clusters"]:
         port = router_port if cluster["name"] == ROUTER_CLUSTER else backend_ports[cluster["name"]]
         for group in cluster["load_assignment"]["endpoints"]:
             for ep in group["lb_endpoints"]:
-                _socket(ep["endpoint"]["address"])["port_value"] = port
+                socket_of(ep["endpoint"]["address"])["port_value"] = port
     if overrides:
         for f in listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]:
             if f["name"] == "envoy.filters.http.ext_proc":

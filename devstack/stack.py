@@ -46,7 +46,7 @@ class StackPorts:
         """The ports the committed envoy.yaml names (what `make run` uses)."""
 
         def port(address: dict) -> int:
-            return address["socket_address"]["port_value"]
+            return envoy_bootstrap.socket_of(address)["port_value"]
 
         clusters = {
             c["name"]: port(c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"])

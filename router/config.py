@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +204,7 @@ class RouterConfig:
                      f"{b.model!r} is not the model of any route or the default route")
             seen_models.add(b.model)
 
-    @property
+    @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:
         return frozenset([r.model for r in self.routes] + [self.default_route.model])
 

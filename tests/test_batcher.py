@@ -47,6 +47,14 @@ async def started(backend, **settings) -> tuple[ContinuousBatcher, CountingObser
     return b, obs
 
 
+async def queue_behind(b: ContinuousBatcher, backend: FakeBackend, texts: list[str]) -> list[asyncio.Task]:
+    """Submit `texts` in order while the model is held, and wait until all are tokenized and queued."""
+    already = len(backend.tokenized)
+    tasks = [asyncio.create_task(b.embed(t, far())) for t in texts]
+    await wait_until(lambda: len(backend.tokenized) == already + len(texts))
+    return tasks
+
+
 async def hold_first(b: ContinuousBatcher, backend: FakeBackend) -> asyncio.Task:
     """Occupy the model thread with one request so that later ones queue up."""
     first = asyncio.create_task(b.embed("first", far()))
@@ -71,8 +79,7 @@ def test_requests_arriving_while_model_busy_form_one_batch():
         backend = FakeBackend(hold=True)
         b, obs = await started(backend)
         first = await hold_first(b, backend)
-        rest = [asyncio.create_task(b.embed(f"q {i}", far())) for i in range(10)]
-        await wait_until(lambda: len(backend.tokenized) == 11)
+        rest = await queue_behind(b, backend, [f"q {i}" for i in range(10)])
         backend.gate.set()
         await asyncio.gather(first, *rest)
         assert [len(x) for x in backend.batches] == [1, 10]
@@ -87,8 +94,7 @@ def test_max_batch_size_splits_queue_fifo():
         backend = FakeBackend(hold=True)
         b, _ = await started(backend, max_batch_size=4)
         first = await hold_first(b, backend)
-        rest = [asyncio.create_task(b.embed(f"same length {i}", far())) for i in range(10)]
-        await wait_until(lambda: len(backend.tokenized) == 11)
+        rest = await queue_behind(b, backend, [f"same length {i}" for i in range(10)])
         backend.gate.set()
         await asyncio.gather(first, *rest)
         assert [len(x) for x in backend.batches] == [1, 4, 4, 2]
@@ -105,8 +111,7 @@ def test_padded_token_budget_is_respected():
         b, obs = await started(backend, max_batch_size=64, max_batch_tokens=40)
         first = await hold_first(b, backend)
         texts = [" ".join(["w"] * n) for n in (2, 18, 3, 17, 2, 4, 16, 1)]
-        rest = [asyncio.create_task(b.embed(t, far())) for t in texts]
-        await wait_until(lambda: len(backend.tokenized) == 1 + len(texts))
+        rest = await queue_behind(b, backend, texts)
         backend.gate.set()
         await asyncio.gather(first, *rest)
         assert all(padded <= 40 for _, _, padded in obs.batches)
@@ -139,11 +144,9 @@ def test_long_request_does_not_starve_behind_short_ones():
         b, _ = await started(backend, max_batch_size=2, window=4)
         first = await hold_first(b, backend)
         long_text = " ".join(["long"] * 30)
-        long_task = asyncio.create_task(b.embed(long_text, far()))
-        shorts = [asyncio.create_task(b.embed(f"s {i}", far())) for i in range(12)]
-        await wait_until(lambda: len(backend.tokenized) == 14)
+        tasks = await queue_behind(b, backend, [long_text] + [f"s {i}" for i in range(12)])
         backend.gate.set()
-        await asyncio.gather(first, long_task, *shorts)
+        await asyncio.gather(first, *tasks)
         # The long request was the oldest queued one, so it went in the very next batch.
         assert long_text in backend.batches[1]
         await b.aclose()
@@ -224,9 +227,7 @@ def test_poison_input_fails_only_itself():
         backend = FakeBackend(hold=True)
         b, obs = await started(backend)
         first = await hold_first(b, backend)
-        good = [asyncio.create_task(b.embed(f"good {i}", far())) for i in range(5)]
-        bad = asyncio.create_task(b.embed(POISON, far()))
-        await wait_until(lambda: len(backend.tokenized) == 7)
+        *good, bad = await queue_behind(b, backend, [f"good {i}" for i in range(5)] + [POISON])
         backend.gate.set()
         await asyncio.gather(first, *good)
         with pytest.raises(ValueError):
@@ -244,8 +245,7 @@ def test_shutdown_drains_queued_requests_and_refuses_new_ones():
         backend = FakeBackend(hold=True)
         b, _ = await started(backend, max_batch_size=2)
         first = await hold_first(b, backend)
-        queued = [asyncio.create_task(b.embed(f"q{i}", far())) for i in range(5)]
-        await wait_until(lambda: len(backend.tokenized) == 6)
+        queued = await queue_behind(b, backend, [f"q{i}" for i in range(5)])
         closing = asyncio.create_task(b.aclose())
         await asyncio.sleep(0.05)
         with pytest.raises(BatcherClosed):
