@@ -3,8 +3,9 @@
 Pipeline (after TEI's queue / batching task / backend task split):
   event loop  -- embed(): reserve a queue slot or fail at once, hand text to the tokenizer
   tokenizer   -- tokenizes whatever arrived, in one call, while the model runs the current batch
-  model       -- cuts the next batch when the model frees (natural batching: never waits idle),
-                 runs it, settles all its futures with one call back into the loop
+  model       -- warms the backend up, then cuts the next batch when the model frees (natural
+                 batching: never waits idle), runs it, settles all its futures with one call back
+                 into the loop
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class ContinuousBatcher:
         self._inbox: stdqueue.SimpleQueue[list[WorkItem] | None] = stdqueue.SimpleQueue()
         self._arrivals: list[WorkItem] = []  # this loop iteration's submissions, handed over together
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._warm: asyncio.Future | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
 
@@ -56,12 +58,17 @@ class ContinuousBatcher:
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
+        self._warm = self._loop.create_future()
         self._threads = [
             threading.Thread(target=self._tokenizer_loop, name="batcher-tokenizer", daemon=True),
             threading.Thread(target=self._model_loop, name="batcher-model", daemon=True),
         ]
         for t in self._threads:
             t.start()
+
+    async def started(self) -> None:
+        """Returns once the model thread has warmed the backend up; raises what warm-up raised."""
+        await asyncio.shield(self._warm)
 
     async def aclose(self, drain_timeout: float = 10.0) -> None:
         """Stop taking work, answer everything already queued, then stop the threads."""
@@ -186,7 +193,16 @@ class ContinuousBatcher:
 
     def _model_loop(self) -> None:
         s = self.settings
-        self.backend.prepare_thread()
+        try:
+            # On this thread, not the caller's: per-thread runtime state (torch's thread pool)
+            # must be built where the batches will run.
+            self.backend.prepare_thread()
+            self.backend.warmup()
+        except Exception as exc:
+            log.exception("backend warm-up failed")
+            self._loop.call_soon_threadsafe(_resolve, self._warm, exc)
+            return
+        self._loop.call_soon_threadsafe(_resolve, self._warm, None)
         while True:
             batch = self._queue.next_batch(s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s)
             if batch is None:
@@ -228,3 +244,8 @@ class ContinuousBatcher:
             return self.backend.embed([item.token_ids])[0]
         except Exception as exc:
             return exc
+
+
+def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if not fut.done():
+        fut.set_exception(exc) if exc is not None else fut.set_result(None)

@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from router.config import EncoderConfig
+from router.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,13 @@ class SentenceEncoder:
         self._torch = torch
         self.device = resolve_device(config.device)
         self.cpu_threads = config.cpu_threads or max(1, len(os.sched_getaffinity(0)))
-        self.prepare_thread()
-        self.model = SentenceTransformer(model_path, device=self.device)
-        self.model.eval()
-        self.half = self.device.startswith("cuda") and config.half_precision
-        self.cpu_bf16 = self.device == "cpu" and config.cpu_bf16
-        if self.half:
-            self.model.half()
+        with single_threaded():  # the loading thread must not keep a torch thread pool (see torch_threads)
+            self.model = SentenceTransformer(model_path, device=self.device)
+            self.model.eval()
+            self.half = self.device.startswith("cuda") and config.half_precision
+            self.cpu_bf16 = self.device == "cpu" and config.cpu_bf16
+            if self.half:
+                self.model.half()
         self.max_seq_length = min(config.max_seq_length or self.model.max_seq_length, self.model.max_seq_length)
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -77,7 +78,8 @@ class SentenceEncoder:
         )
 
     def prepare_thread(self) -> None:
-        # torch's intra-op thread count is per calling thread: set it where the model runs.
+        # torch's intra-op thread count is per calling thread: set it where the model runs, and
+        # only there (router/torch_threads.py says why).
         if self.device == "cpu":
             self._torch.set_num_threads(self.cpu_threads)
 
@@ -106,7 +108,9 @@ class SentenceEncoder:
             return emb.cpu().numpy()
 
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Embed directly, bypassing the batcher: offline work (start-up, CLI, eval) only."""
+        """Embed directly, bypassing the batcher: offline work (CLI, eval, tests) only. Never call
+        it in a process whose batcher runs: it would give this thread a torch pool of its own."""
+        self.prepare_thread()
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         ids = self.tokenize(texts) if texts else []
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from router.config import RouterConfig, load_config
 from router.encoder import SentenceEncoder
 from router.engine import RoutingEngine
 from router.metrics import PrometheusBatchObserver
+from router.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,11 @@ def batcher_settings(config: RouterConfig) -> BatcherSettings:
         max_padding=b.max_padding,
         max_wait_s=b.max_wait_ms / 1000.0,
     )
+
+
+def _build_classifier(config: RouterConfig, encode) -> RouteClassifier:
+    with single_threaded():
+        return RouteClassifier(config, encode)
 
 
 class RouterServer:
@@ -99,10 +106,16 @@ class RouterServer:
         loop = asyncio.get_running_loop()
         # Model load and warm-up block for seconds: keep the loop (health checks) answering.
         self.backend = await loop.run_in_executor(None, self._backend_factory, self.config)
-        await loop.run_in_executor(None, self.backend.warmup)
         self.batcher = ContinuousBatcher(self.backend, batcher_settings(self.config), PrometheusBatchObserver())
         self.batcher.start(loop)
+        await self.batcher.started()  # warm-up runs on the model thread
         await self._activate(self.config, await self._build_engine(self.config))
+        # torch, transformers and the model leave ~440k long-lived objects: every full collection
+        # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
+        # between ops), a latency spike every few seconds of traffic.
+        # Frozen, they are never scanned again; request garbage is young and cheap to collect.
+        gc.collect()
+        gc.freeze()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.config_path is not None and self.config.server.watch_config_s > 0:
             self._watch_task = asyncio.create_task(self._watch_config(self.config.server.watch_config_s))
@@ -127,8 +140,9 @@ class RouterServer:
             return np.stack([lookup[t] for t in batch])
 
         loop = asyncio.get_running_loop()
-        # A head trained at load (no head_path) is seconds of torch work: off the event loop.
-        classifier = await loop.run_in_executor(None, RouteClassifier, config, encode)
+        # A head trained at load (no head_path) is seconds of torch work: off the event loop, and
+        # single-threaded so that no thread but the model thread keeps a torch pool (torch_threads).
+        classifier = await loop.run_in_executor(None, _build_classifier, config, encode)
         return RoutingEngine(config, self.batcher, classifier)
 
     async def _activate(self, config: RouterConfig, engine: RoutingEngine) -> None:
