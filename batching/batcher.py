@@ -200,6 +200,7 @@ class ContinuousBatcher:
             self.backend.warmup()
         except Exception as exc:
             log.exception("backend warm-up failed")
+            self._closing = True  # a model that cannot warm up takes no work: callers fail at once
             self._loop.call_soon_threadsafe(_resolve, self._warm, exc)
             return
         self._loop.call_soon_threadsafe(_resolve, self._warm, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -268,5 +269,39 @@ def test_optional_max_wait_tops_up_a_small_batch():
         await asyncio.gather(first, second)
         assert backend.batches == [["alone at first", "arrives later"]]
         await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_warm_up_runs_on_the_model_thread_before_any_batch():
+    # Per-thread runtime state (torch's thread pool) must be built where batches run.
+    async def main():
+        backend = FakeBackend()
+        seen = []
+        backend.prepare_thread = lambda: seen.append(("prepare", threading.current_thread().name))
+        backend.warmup = lambda: seen.append(("warmup", threading.current_thread().name))
+        b, _ = await started(backend)
+        await b.started()
+        await b.embed("hello", far())
+        assert seen == [("prepare", "batcher-model"), ("warmup", "batcher-model")]
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_failed_warm_up_is_raised_by_started():
+    async def main():
+        backend = FakeBackend()
+
+        def broken():
+            raise RuntimeError("no such device")
+
+        backend.warmup = broken
+        b, _ = await started(backend)
+        with pytest.raises(RuntimeError, match="no such device"):
+            await b.started()
+        with pytest.raises(BatcherClosed):
+            await b.embed("hello", far())
+        await asyncio.wait_for(b.aclose(), 10)
 
     asyncio.run(main())

@@ -1,0 +1,33 @@
+"""The benchmarks run end to end and report every scenario (tiny scale; no timing is asserted:
+speed targets belong to `make bench`, not to tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from devstack.stack import ROOT
+
+SCENARIOS = {"ceiling", "single_request", "unbatched_c64", "batcher_c1", "batcher_c8", "batcher_c64",
+             "batcher_c256", "poisson_50pct", "poisson_80pct", "poisson_95pct"}
+
+
+def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2",
+         "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["scenario"]: r for r in result["rows"]}
+    assert set(rows) == SCENARIOS
+    assert all(r.get("errors", 0) == 0 for r in rows.values())
+    assert all(r["throughput_rps"] > 0 for s, r in rows.items() if s != "single_request")
+    assert len(rows["batcher_c64"]["trials_rps"]) == 2 and len(rows["ceiling"]["trials_rps"]) == 2
+    assert rows["batcher_c64"]["mean_batch"] > 1  # 64 clients were batched together
+    assert len(result["checks"]) == 3 and all("ok" in c and c["detail"] for c in result["checks"].values())
+    assert "PASS" in proc.stdout or "FAIL" in proc.stdout  # the readable table and verdicts come first
