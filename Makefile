@@ -41,6 +41,7 @@ bench: $(STAMP)
 	mkdir -p build
 	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
 	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
+	$(PY) -m bench.latency_bound --out build/bench-latency-bound.json
 
 soak: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)
