@@ -109,13 +109,13 @@ class RouterServer:
         self.batcher = ContinuousBatcher(self.backend, batcher_settings(self.config), PrometheusBatchObserver())
         self.batcher.start(loop)
         await self.batcher.started()  # warm-up runs on the model thread
-        await self._activate(self.config, await self._build_engine(self.config))
         # torch, transformers and the model leave ~440k long-lived objects: every full collection
         # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
-        # between ops), a latency spike every few seconds of traffic.
-        # Frozen, they are never scanned again; request garbage is young and cheap to collect.
+        # between ops), a latency spike every few seconds of traffic. Frozen, they are never
+        # scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
         gc.collect()
         gc.freeze()
+        await self._activate(self.config, await self._build_engine(self.config))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.config_path is not None and self.config.server.watch_config_s > 0:
             self._watch_task = asyncio.create_task(self._watch_config(self.config.server.watch_config_s))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -77,5 +78,22 @@ def test_health_is_not_serving_until_the_model_is_warm():
         await starting
         assert await health(server.grpc_port) == SERVING
         await server.stop()
+
+    asyncio.run(main())
+
+
+def test_start_up_objects_are_frozen_out_of_the_collector_but_the_engine_is_not():
+    # Full collections over torch's objects stalled the model thread ~190 ms; a reload's old
+    # engine must still be collectable, so it is built after the freeze.
+    async def main():
+        server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
+        await server.start()
+        try:
+            collectable = gc.get_objects()  # everything the collector still scans (not the frozen)
+            assert gc.get_freeze_count() > 0
+            assert not any(o is server.backend for o in collectable)
+            assert any(o is server.engine for o in collectable)
+        finally:
+            await server.stop()
 
     asyncio.run(main())
