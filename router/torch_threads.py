@@ -4,8 +4,8 @@ Why: torch's CPU kernels run on libgomp, which gives every thread that opens a p
 its own pool of workers, kept until that thread exits. Once the process holds more pool threads
 than CPUs, libgomp stops spinning between regions and parks its workers on a futex, so each of
 the ~40 parallel regions in one forward pass pays a wake-up. Measured on the 2-core CI machine
-(`bench/batcher_bench.py` notes): a model thread ran a one-prompt batch in 10.2 ms with a second
-pool alive in the process and 8.0 ms without it. Model loading and head training therefore run
+(README, "Benchmarks"): a model thread ran a one-prompt batch in 10.2 ms with a second pool alive
+in the process and 8.0 ms without it. Model loading and head training therefore run
 single-threaded; only the model thread (and offline CLI work, which has no model thread) uses
 the configured thread count.
 """
