@@ -15,7 +15,6 @@ import contextlib
 import gc
 import os
 import random
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +23,7 @@ from bench.report import emit, latency_stats
 from bench.workloads import WORKLOADS
 from router.config import EncoderConfig
 from router.encoder import SentenceEncoder
+from router.torch_threads import on_own_thread
 
 FAR = 3600.0
 
@@ -54,18 +54,6 @@ class BatchStats:
             "padding": round(1 - self.tokens / self.padded, 3) if self.padded else None,
             "batches": len(self.sizes),
         }
-
-
-def on_fresh_thread(fn, *args):
-    """fn(*args) on a thread that then exits, taking its torch thread pool with it: a pool left
-    on this thread would slow the batcher's model thread (router/torch_threads.py)."""
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn(*args)))
-    t.start()
-    t.join()
-    if not out:
-        raise RuntimeError(f"{fn.__name__} failed on its thread")
-    return out[0]
 
 
 def ceiling(enc: SentenceEncoder, texts: list[str], batch: int) -> float:
@@ -170,7 +158,7 @@ async def run_workload(
     # with no other torch thread pool alive (a batcher's included: see router/torch_threads.py).
     trials: dict[str, list] = {"ceiling": [], "unbatched_c64": [], "batcher_c64": []}
     for _ in range(repeats):
-        trials["ceiling"].append({"throughput_rps": round(on_fresh_thread(offline_ceiling), 1)})
+        trials["ceiling"].append({"throughput_rps": round(await on_own_thread(offline_ceiling), 1)})
         trials["unbatched_c64"].append(await unbatched())
         async with running_batcher(enc, settings) as (submit, stats):
             trials["batcher_c64"].append({**await closed_loop(submit, texts, 64, n), **stats.summary()})
@@ -178,7 +166,7 @@ async def run_workload(
     naive = _median_row(trials["unbatched_c64"])
     c64_row = _median_row(trials["batcher_c64"])
 
-    single = on_fresh_thread(lambda: (enc.prepare_thread(), single_latency(enc, texts))[1])
+    single = await on_own_thread(lambda: (enc.prepare_thread(), single_latency(enc, texts))[1])
     rows = [{"workload": name, "scenario": "ceiling", **ceil},
             {"workload": name, "scenario": "single_request", **single},
             {"workload": name, "scenario": "unbatched_c64", **naive}]
@@ -227,7 +215,7 @@ async def running_batcher(enc: SentenceEncoder, settings: BatcherSettings):
 
 async def main_async(args) -> dict:
     enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
-    on_fresh_thread(enc.warmup)
+    await on_own_thread(enc.warmup)  # not on this thread: see router/torch_threads.py
     settings = BatcherSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens)
     rows, checks = [], {}
     for name in args.workloads:

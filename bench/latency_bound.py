@@ -12,6 +12,7 @@ request alone" is the hardware's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import random
 import statistics
@@ -19,11 +20,11 @@ import time
 
 import numpy as np
 
-from bench.batcher_bench import on_fresh_thread
 from bench.report import emit
 from bench.workloads import short_prompts
 from router.config import EncoderConfig
 from router.encoder import SentenceEncoder
+from router.torch_threads import on_own_thread
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -82,7 +83,7 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
-    costs = on_fresh_thread(batch_costs_ms, enc)  # a thread that exits: see router/torch_threads.py
+    costs = asyncio.run(on_own_thread(batch_costs_ms, enc))  # a thread that exits: see router/torch_threads.py
     ceiling = 64 / costs[64] * 1000
     rows = [{"workload": "short", "scenario": f"cost_of_batch_{n}", "p50_ms": round(ms, 2), "mean_batch": n}
             for n, ms in costs.items()]

@@ -27,7 +27,7 @@ from router.config import RouterConfig, load_config
 from router.encoder import SentenceEncoder
 from router.engine import RoutingEngine
 from router.metrics import PrometheusBatchObserver
-from router.torch_threads import single_threaded
+from router.torch_threads import on_own_thread
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,6 @@ def batcher_settings(config: RouterConfig) -> BatcherSettings:
         max_padding=b.max_padding,
         max_wait_s=b.max_wait_ms / 1000.0,
     )
-
-
-def _build_classifier(config: RouterConfig, encode) -> RouteClassifier:
-    with single_threaded():
-        return RouteClassifier(config, encode)
 
 
 class RouterServer:
@@ -139,10 +134,9 @@ class RouterServer:
         def encode(batch: Sequence[str]) -> np.ndarray:
             return np.stack([lookup[t] for t in batch])
 
-        loop = asyncio.get_running_loop()
-        # A head trained at load (no head_path) is seconds of torch work: off the event loop, and
-        # single-threaded so that no thread but the model thread keeps a torch pool (torch_threads).
-        classifier = await loop.run_in_executor(None, _build_classifier, config, encode)
+        # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
+        # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
+        classifier = await on_own_thread(RouteClassifier, config, encode)
         return RoutingEngine(config, self.batcher, classifier)
 
     async def _activate(self, config: RouterConfig, engine: RoutingEngine) -> None:

@@ -5,15 +5,19 @@ its own pool of workers, kept until that thread exits. Once the process holds mo
 than CPUs, libgomp stops spinning between regions and parks its workers on a futex, so each of
 the ~40 parallel regions in one forward pass pays a wake-up. Measured on the 2-core CI machine
 (README, "Benchmarks"): a model thread ran a one-prompt batch in 10.2 ms with a second pool alive
-in the process and 8.0 ms without it. Model loading and head training therefore run
-single-threaded; only the model thread (and offline CLI work, which has no model thread) uses
-the configured thread count.
+in the process and 8.0 ms without it. So model loading runs single-threaded, other torch work
+(training a head at load) runs on a thread that exits when done, and only the model thread (or
+offline CLI work, which has no model thread) keeps a pool.
 """
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -28,3 +32,12 @@ def single_threaded() -> Iterator[None]:
     finally:
         # Only this thread's setting and the default for threads torch has not seen yet change.
         torch.set_num_threads(before)
+
+
+async def on_own_thread(fn: Callable[..., T], *args) -> T:
+    """Await fn(*args) run on a new thread that exits right after, taking any torch pool with it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-once")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the thread exits once fn returns, even if we stopped waiting
