@@ -37,7 +37,7 @@ class BatcherSettings:
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
     window: int = 256  # oldest requests among which batches are sorted by length
-    max_padding: float = 0.3  # share of a batch's padded tokens allowed to be padding
+    max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
     max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
 
 

@@ -51,7 +51,7 @@ class BatchingConfig:
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
     sort_window: int = 256
-    max_padding: float = 0.3  # share of a batch's padded tokens that may be padding
+    max_padding: float = 0.25  # share of a batch's padded tokens that may be padding
     max_wait_ms: float = 0.0
 
     def __post_init__(self):
