@@ -248,5 +248,9 @@ class ContinuousBatcher:
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_exception(exc) if exc is not None else fut.set_result(None)
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
