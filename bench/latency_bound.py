@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench.report import emit
+from bench.report import emit, latency_stats
 from bench.workloads import short_prompts
 from router.config import EncoderConfig
 from router.encoder import SentenceEncoder
@@ -31,8 +31,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 def batch_costs_ms(enc: SentenceEncoder, repeats: int = 15) -> dict[int, float]:
     """Median forward time of a batch of n short prompts, per n (on the calling thread)."""
-    enc.prepare_thread()
-    enc.warmup()
+    enc.warmup()  # also sets this thread's torch thread count
     ids = enc.tokenize(short_prompts(64))
     costs = {}
     for n in SIZES:
@@ -49,9 +48,10 @@ def batch_costs_ms(enc: SentenceEncoder, repeats: int = 15) -> dict[int, float]:
 def simulate(costs: dict[int, float], rate_per_s: float, cap: int, seconds: float = 600.0, seed: int = 1) -> dict:
     """Latency percentiles (ms) of an ideal natural batcher under Poisson arrivals."""
     sizes = sorted(costs)
+    size_costs = [costs[s] for s in sizes]
 
     def cost(n: int) -> float:
-        return float(np.interp(n, sizes, [costs[s] for s in sizes]))
+        return float(np.interp(n, sizes, size_costs))
 
     rng = random.Random(seed)
     arrivals, t = [], 0.0
@@ -70,9 +70,7 @@ def simulate(costs: dict[int, float], rate_per_s: float, cap: int, seconds: floa
         free += cost(len(batch))
         latencies += [free - a for a in batch]
         batch_sizes.append(len(batch))
-    a = np.asarray(latencies)
-    return {"p50_ms": round(float(np.percentile(a, 50)), 2), "p95_ms": round(float(np.percentile(a, 95)), 2),
-            "p99_ms": round(float(np.percentile(a, 99)), 2), "mean_batch": round(float(np.mean(batch_sizes)), 2)}
+    return {**latency_stats([ms / 1000.0 for ms in latencies]), "mean_batch": round(float(np.mean(batch_sizes)), 2)}
 
 
 def main() -> None:
