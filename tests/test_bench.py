@@ -31,3 +31,16 @@ def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
     assert rows["batcher_c64"]["mean_batch"] > 1  # 64 clients were batched together
     assert len(result["checks"]) == 3 and all("ok" in c and c["detail"] for c in result["checks"].values())
     assert "PASS" in proc.stdout or "FAIL" in proc.stdout  # the readable table and verdicts come first
+
+
+def test_latency_bound_simulation_batches_what_queued():
+    from bench.latency_bound import simulate
+
+    # A lone request at a trickle costs exactly one batch of 1.
+    alone = simulate({1: 10.0, 64: 10.0}, rate_per_s=1.0, cap=64, seconds=60)
+    assert alone["p50_ms"] == 10.0 and alone["mean_batch"] == 1.0
+    # Near saturation requests queue up and are batched; a cap of 1 cannot keep up at all.
+    costs = {1: 10.0, 64: 74.0}
+    busy = simulate(costs, rate_per_s=0.8 * 64 / 0.074, cap=64, seconds=60)
+    assert busy["mean_batch"] > 4 and busy["p99_ms"] > busy["p50_ms"] > 10.0
+    assert simulate(costs, rate_per_s=200.0, cap=1, seconds=10)["p99_ms"] > 1000
