@@ -41,7 +41,7 @@ async def wait_until(cond, timeout=10.0):
         await asyncio.sleep(0.005)
 
 
-async def started(backend, **settings) -> tuple[ContinuousBatcher, CountingObserver]:
+async def start_batcher(backend, **settings) -> tuple[ContinuousBatcher, CountingObserver]:
     obs = CountingObserver()
     b = ContinuousBatcher(backend, BatcherSettings(**settings), obs)
     b.start()
@@ -65,7 +65,7 @@ async def hold_first(b: ContinuousBatcher, backend: FakeBackend) -> asyncio.Task
 
 def test_results_match_each_request():
     async def main():
-        b, _ = await started(FakeBackend())
+        b, _ = await start_batcher(FakeBackend())
         texts = [f"text number {i}" for i in range(20)]
         out = await asyncio.gather(*(b.embed(t, far()) for t in texts))
         for t, v in zip(texts, out):
@@ -78,7 +78,7 @@ def test_results_match_each_request():
 def test_requests_arriving_while_model_busy_form_one_batch():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await started(backend)
+        b, obs = await start_batcher(backend)
         first = await hold_first(b, backend)
         rest = await queue_behind(b, backend, [f"q {i}" for i in range(10)])
         backend.gate.set()
@@ -93,7 +93,7 @@ def test_requests_arriving_while_model_busy_form_one_batch():
 def test_max_batch_size_splits_queue_fifo():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await started(backend, max_batch_size=4)
+        b, _ = await start_batcher(backend, max_batch_size=4)
         first = await hold_first(b, backend)
         rest = await queue_behind(b, backend, [f"same length {i}" for i in range(10)])
         backend.gate.set()
@@ -109,7 +109,7 @@ def test_max_batch_size_splits_queue_fifo():
 def test_padded_token_budget_is_respected():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await started(backend, max_batch_size=64, max_batch_tokens=40)
+        b, obs = await start_batcher(backend, max_batch_size=64, max_batch_tokens=40)
         first = await hold_first(b, backend)
         texts = [" ".join(["w"] * n) for n in (2, 18, 3, 17, 2, 4, 16, 1)]
         rest = await queue_behind(b, backend, texts)
@@ -142,7 +142,7 @@ def test_choose_batch_cuts_padding_against_fifo():
 def test_long_request_does_not_starve_behind_short_ones():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await started(backend, max_batch_size=2, window=4)
+        b, _ = await start_batcher(backend, max_batch_size=2, window=4)
         first = await hold_first(b, backend)
         long_text = " ".join(["long"] * 30)
         tasks = await queue_behind(b, backend, [long_text] + [f"s {i}" for i in range(12)])
@@ -158,7 +158,7 @@ def test_long_request_does_not_starve_behind_short_ones():
 def test_full_queue_fails_at_once_with_overload():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await started(backend, max_batch_size=1, max_queue_requests=2)
+        b, obs = await start_batcher(backend, max_batch_size=1, max_queue_requests=2)
         first = await hold_first(b, backend)
         queued = [asyncio.create_task(b.embed(f"q{i}", far())) for i in range(2)]
         await asyncio.sleep(0.05)
@@ -177,7 +177,7 @@ def test_full_queue_fails_at_once_with_overload():
 def test_token_bound_on_queue_overloads():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await started(backend, max_batch_size=1, max_queue_tokens=10)
+        b, _ = await start_batcher(backend, max_batch_size=1, max_queue_tokens=10)
         first = await hold_first(b, backend)
         with pytest.raises(Overloaded):
             await b.embed(" ".join(["x"] * 20), far())
@@ -191,7 +191,7 @@ def test_token_bound_on_queue_overloads():
 def test_expired_request_is_never_computed():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await started(backend)
+        b, obs = await start_batcher(backend)
         first = await hold_first(b, backend)
         with pytest.raises(DeadlineExceeded):
             await b.embed("too late", time.monotonic() + 0.05)
@@ -208,7 +208,7 @@ def test_expired_request_is_never_computed():
 def test_cancelled_request_is_never_computed():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await started(backend)
+        b, _ = await start_batcher(backend)
         first = await hold_first(b, backend)
         gone = asyncio.create_task(b.embed("client went away", far()))
         await wait_until(lambda: "client went away" in backend.tokenized)
@@ -227,7 +227,7 @@ def test_cancelled_request_is_never_computed():
 def test_poison_input_fails_only_itself():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await started(backend)
+        b, obs = await start_batcher(backend)
         first = await hold_first(b, backend)
         *good, bad = await queue_behind(b, backend, [f"good {i}" for i in range(5)] + [POISON])
         backend.gate.set()
@@ -245,7 +245,7 @@ def test_poison_input_fails_only_itself():
 def test_shutdown_drains_queued_requests_and_refuses_new_ones():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await started(backend, max_batch_size=2)
+        b, _ = await start_batcher(backend, max_batch_size=2)
         first = await hold_first(b, backend)
         queued = await queue_behind(b, backend, [f"q{i}" for i in range(5)])
         closing = asyncio.create_task(b.aclose())
@@ -263,7 +263,7 @@ def test_shutdown_drains_queued_requests_and_refuses_new_ones():
 def test_optional_max_wait_tops_up_a_small_batch():
     async def main():
         backend = FakeBackend()
-        b, _ = await started(backend, max_batch_size=2, max_wait_s=5.0)
+        b, _ = await start_batcher(backend, max_batch_size=2, max_wait_s=5.0)
         first = asyncio.create_task(b.embed("alone at first", far()))
         await asyncio.sleep(0.05)
         second = asyncio.create_task(b.embed("arrives later", far()))
@@ -281,7 +281,7 @@ def test_warm_up_runs_on_the_model_thread_before_any_batch():
         seen = []
         backend.prepare_thread = lambda: seen.append(("prepare", threading.current_thread().name))
         backend.warmup = lambda: seen.append(("warmup", threading.current_thread().name))
-        b, _ = await started(backend)
+        b, _ = await start_batcher(backend)
         await b.started()
         await b.embed("hello", far())
         assert seen == [("prepare", "batcher-model"), ("warmup", "batcher-model")]
@@ -298,7 +298,7 @@ def test_failed_warm_up_is_raised_by_started():
             raise RuntimeError("no such device")
 
         backend.warmup = broken
-        b, _ = await started(backend)
+        b, _ = await start_batcher(backend)
         with pytest.raises(RuntimeError, match="no such device"):
             await b.started()
         with pytest.raises(BatcherClosed):
