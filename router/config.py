@@ -11,6 +11,7 @@ from typing import Literal
 
 import yaml
 
+from batching import BatcherSettings
 from router.settings_loader import ConfigError, FieldError, build
 
 __all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
@@ -46,13 +47,14 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    max_batch_size: int = 64
-    max_batch_tokens: int = 16384  # padded tokens (longest x count) per batch
-    max_queue_requests: int = 2048
-    max_queue_tokens: int = 262144
-    sort_window: int = 256
-    max_padding: float = 0.25  # share of a batch's padded tokens that may be padding
-    max_wait_ms: float = 0.0
+    # Defaults are the batcher's own, so a tuning change is made in one place.
+    max_batch_size: int = BatcherSettings.max_batch_size
+    max_batch_tokens: int = BatcherSettings.max_batch_tokens  # padded tokens (longest x count) per batch
+    max_queue_requests: int = BatcherSettings.max_queue_requests
+    max_queue_tokens: int = BatcherSettings.max_queue_tokens
+    sort_window: int = BatcherSettings.window
+    max_padding: float = BatcherSettings.max_padding  # share of a batch's padded tokens that may be padding
+    max_wait_ms: float = BatcherSettings.max_wait_s * 1000.0
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
