@@ -63,20 +63,31 @@ class ExtProcClient:
                 self.reasons[h.header.raw_value.decode()] += 1
 
 
-def start_router(workdir: Path, device: str, cpu_threads: int | None) -> tuple[subprocess.Popen, int]:
+def start_router(
+    workdir: Path, device: str, cpu_threads: int | None, deadline_ms: float = 30000, cgroup: Path | None = None,
+    metrics_port: int | None = None,
+) -> tuple[subprocess.Popen, int]:
+    """A router process on the default routes with the cache off (every request reaches the
+    model); `cgroup`: a cgroup v1 directory the process joins before it starts (a CPU quota)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
-    config["cache_size"] = 0  # every request must reach the model
-    config["server"]["deadline_ms"] = 30000  # measure latency, not fallbacks
+    config["cache_size"] = 0
+    config["server"]["deadline_ms"] = deadline_ms  # the default 30 s measures latency, not fallbacks
     config["encoder"]["device"] = device
     if cpu_threads:
         config["encoder"]["cpu_threads"] = cpu_threads
     cfg = workdir / "router.yaml"
     cfg.write_text(yaml.safe_dump(config))
     port = free_port()
+
+    def join_cgroup() -> None:
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "serve", "--config", str(cfg), "--grpc-port", str(port),
-         "--metrics-port", str(free_port()), "--log-level", "warning"],
+         "--metrics-port", str(metrics_port or free_port()), "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT,
+        preexec_fn=join_cgroup if cgroup is not None else None,
     )
     for line in proc.stdout:
         if line.startswith("router ready"):

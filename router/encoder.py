@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from router import cpu_quota, metrics
 from router.config import EncoderConfig
+from router.thread_policy import ThreadTuner
 from router.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,12 @@ class SentenceEncoder:
 
         self._torch = torch
         self.device = resolve_device(config.device)
-        self.cpu_threads = config.cpu_threads or max(1, len(os.sched_getaffinity(0)))
+        budget = cpu_quota.detect()
+        # Fixed when configured; otherwise up to the CPUs the process may really use, the count
+        # measured batch by batch (router/thread_policy.py).
+        self.cpu_threads = config.cpu_threads or budget.cpus
+        self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None and self.device == "cpu" else None
+        self._threads_now = 0
         with single_threaded():  # the loading thread must not keep a torch thread pool (see torch_threads)
             self.model = SentenceTransformer(model_path, device=self.device)
             self.model.eval()
@@ -72,16 +80,27 @@ class SentenceEncoder:
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.dimension = self.model.get_embedding_dimension()
+        metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
-            extra={"model": config.model, "device": self.device, "half": self.half, "max_seq_length": self.max_seq_length},
+            extra={"model": config.model, "device": self.device, "half": self.half, "max_seq_length": self.max_seq_length,
+                   "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
+                   "cpu_budget_from": budget.source,
+                   "model_threads": self.cpu_threads if self.device == "cpu" else None,
+                   "model_threads_adaptive": self._tuner is not None},
         )
 
     def prepare_thread(self) -> None:
         # torch's intra-op thread count is per calling thread: set it where the model runs, and
         # only there (router/torch_threads.py says why).
         if self.device == "cpu":
-            self._torch.set_num_threads(self.cpu_threads)
+            self._set_threads(self.cpu_threads)
+
+    def _set_threads(self, n: int) -> None:
+        if n != self._threads_now:
+            self._torch.set_num_threads(n)
+            self._threads_now = n
+            metrics.MODEL_THREADS.set(n)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         out = self.tokenizer(
@@ -90,8 +109,20 @@ class SentenceEncoder:
         return out["input_ids"]
 
     def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        torch = self._torch
         longest = max(len(t) for t in token_ids)
+        if self._tuner is None:
+            return self._embed(token_ids, longest)
+        padded = longest * len(token_ids)
+        threads = self._tuner.choose(padded)
+        self._set_threads(threads)
+        t0 = time.perf_counter()
+        out = self._embed(token_ids, longest)
+        self._tuner.record(threads, padded, time.perf_counter() - t0)
+        metrics.THREAD_BATCHES.labels(str(threads)).inc()
+        return out
+
+    def _embed(self, token_ids: Sequence[Sequence[int]], longest: int) -> np.ndarray:
+        torch = self._torch
         ids = np.full((len(token_ids), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(token_ids), longest), dtype=np.int64)
         for row, toks in enumerate(token_ids):
@@ -121,8 +152,13 @@ class SentenceEncoder:
 
     def warmup(self) -> None:
         self.prepare_thread()
-        # Representative shapes: single short request, a full short batch, a long one.
-        for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
-            self.embed([[self.pad_id + 1] * length] * n)
+        # Representative shapes: single short request, a full short batch, a long one; with every
+        # thread count the tuner may pick, so each is ready (and its pool built) before traffic.
+        for threads in self._tuner.candidates if self._tuner else [None]:
+            if threads is not None:
+                self._set_threads(threads)
+            for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
+                self._embed([[self.pad_id + 1] * length] * n, length)
+        self.prepare_thread()
         if self.device.startswith("cuda"):
             self._torch.cuda.synchronize()

@@ -39,6 +39,15 @@ BATCHER_DROPPED = Counter(
 )
 LOOP_TASKS = Gauge("semantic_router_event_loop_tasks", "asyncio tasks alive in the router (leak watch).")
 THREADS = Gauge("semantic_router_threads", "Threads alive in the router process (leak watch).")
+CPU_BUDGET = Gauge(
+    "semantic_router_cpu_budget", "CPUs the router may use: affinity mask and CFS quota (cgroup v1/v2), smallest."
+)
+MODEL_THREADS = Gauge("semantic_router_model_threads", "torch threads the model thread runs its current batch with.")
+THREAD_BATCHES = Counter(
+    "semantic_router_model_thread_batches_total",
+    "Model batches by the torch thread count they ran with (fewer than the budget: CPU contention).",
+    ["threads"],
+)
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
 
 
