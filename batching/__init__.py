@@ -5,11 +5,13 @@ Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and 
 
 from batching.backend import Backend
 from batching.batcher import BatcherSettings, ContinuousBatcher
-from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded
+from batching.cost_model import BatchCostModel
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 
 __all__ = [
     "Backend",
+    "BatchCostModel",
     "BatcherClosed",
     "BatcherError",
     "BatcherSettings",
@@ -18,4 +20,5 @@ __all__ = [
     "DeadlineExceeded",
     "NullObserver",
     "Overloaded",
+    "WouldMissDeadline",
 ]

@@ -1,17 +1,21 @@
 """The continuous batcher: an asyncio front, a tokenizer thread and one model thread.
 
 Pipeline (after TEI's queue / batching task / backend task split):
-  event loop  -- embed(): reserve a queue slot or fail at once, hand text to the tokenizer
+  event loop  -- embed(): reserve a queue slot, or refuse at once when the queue is full or the
+                 learned batch cost says the answer would come after the deadline; hand the
+                 text to the tokenizer
   tokenizer   -- tokenizes whatever arrived, in one call, while the model runs the current batch
   model       -- warms the backend up, then cuts the next batch when the model frees (natural
-                 batching: never waits idle), runs it, settles all its futures with one call back
-                 into the loop
+                 batching: never waits idle) no larger than its oldest item's deadline allows,
+                 refuses items predicted to finish late, runs it, learns its cost, settles all
+                 its futures with one call back into the loop
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue as stdqueue
 import threading
 import time
@@ -21,7 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from batching.backend import Backend
-from batching.errors import BatcherClosed, DeadlineExceeded, Overloaded
+from batching.cost_model import BatchCostModel
+from batching.errors import BatcherClosed, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.queue import Batch, BatchQueue, WorkItem
 
@@ -39,6 +44,9 @@ class BatcherSettings:
     window: int = 256  # oldest requests among which batches are sorted by length
     max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
     max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
+    # Time an embedding needs after its batch to reach the caller (settling on the event loop);
+    # deadline checks keep it in hand.
+    answer_margin_s: float = 0.005
 
 
 class ContinuousBatcher:
@@ -53,6 +61,12 @@ class ContinuousBatcher:
         self._warm: asyncio.Future | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self.cost = BatchCostModel()
+        # Written by the model thread, read by admission on the loop (a stale read only shifts
+        # one estimate): when the running batch should end, and what recent batches looked like.
+        self._busy_until = 0.0
+        self._mean_tokens = 16.0
+        self._mean_padding = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -96,6 +110,11 @@ class ContinuousBatcher:
         if not self._queue.reserve():
             self.observer.on_dropped("overload", 1)
             raise Overloaded(f"queue holds {self._queue.max_requests} requests")
+        wait = self.predicted_wait()
+        if time.monotonic() + wait > deadline:
+            self._queue.release()
+            self.observer.on_dropped("overload", 1)
+            raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
         fut = self._loop.create_future()
         item = WorkItem(text=text, deadline=deadline, future=fut)
         if not self._arrivals:
@@ -110,6 +129,20 @@ class ContinuousBatcher:
         except asyncio.CancelledError:
             item.cancelled = True
             raise
+
+    def predicted_wait(self) -> float:
+        """Seconds until a request admitted now would have its embedding: the rest of the running
+        batch, then every batch needed for what is queued, this request included."""
+        if not self.cost.ready:
+            return 0.0
+        s = self.settings
+        reserved, tokens = self._queue.depth
+        tokens += max(0, reserved - self._queue.queued) * self._mean_tokens  # not tokenized yet
+        padded = tokens / max(0.1, 1.0 - self._mean_padding)
+        batches = max(1, math.ceil(reserved / s.max_batch_size), math.ceil(padded / s.max_batch_tokens))
+        fixed, per_token = self.cost.coefficients
+        running = max(0.0, self._busy_until - time.monotonic())
+        return running + batches * fixed + per_token * padded + s.answer_margin_s
 
     def _hand_over(self) -> None:
         # One hand-off per loop iteration, not per request: clients that resume together
@@ -205,7 +238,9 @@ class ContinuousBatcher:
             return
         self._loop.call_soon_threadsafe(_resolve, self._warm, None)
         while True:
-            batch = self._queue.next_batch(s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s)
+            batch = self._queue.next_batch(
+                s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s, self.cost, s.answer_margin_s
+            )
             if batch is None:
                 return
             try:
@@ -220,15 +255,20 @@ class ContinuousBatcher:
             self._settle_from_thread(batch.expired, [DeadlineExceeded("expired in queue")] * len(batch.expired))
         if batch.cancelled:
             self.observer.on_dropped("cancelled", len(batch.cancelled))
+        if batch.late:
+            self.observer.on_dropped("late", len(batch.late))
+            self._settle_from_thread(batch.late, [WouldMissDeadline("predicted to finish late")] * len(batch.late))
         items = batch.items
         if not items:
             return
         started = time.monotonic()
+        self._busy_until = started + batch.predicted_s
         waits = [started - i.enqueued_at for i in items]
         t0 = time.perf_counter()
         try:
             vectors = self.backend.embed([i.token_ids for i in items])
             outcomes: list[object] = list(vectors)
+            self._learn(batch, time.perf_counter() - t0)
         except Exception as exc:
             log.warning("batch of %d failed (%s), isolating by retrying singly", len(items), type(exc).__name__)
             outcomes = [self._embed_one(i) for i in items] if len(items) > 1 else [exc]
@@ -236,9 +276,15 @@ class ContinuousBatcher:
             if bad:
                 self.observer.on_dropped("error", bad)
         inference_s = time.perf_counter() - t0
+        self._busy_until = 0.0
         self.observer.on_batch(len(items), batch.tokens, batch.padded_tokens, inference_s, waits)
         self.observer.on_queue_depth(*self._queue.depth)
         self._settle_from_thread(items, outcomes)
+
+    def _learn(self, batch: Batch, seconds: float) -> None:
+        self.cost.observe(batch.padded_tokens, seconds)
+        self._mean_tokens += 0.1 * (batch.tokens / len(batch.items) - self._mean_tokens)
+        self._mean_padding += 0.1 * (1.0 - batch.tokens / batch.padded_tokens - self._mean_padding)
 
     def _embed_one(self, item: WorkItem) -> object:
         try:

@@ -9,6 +9,11 @@ class Overloaded(BatcherError):
     """The queue is full (requests or tokens); the caller should fall back at once."""
 
 
+class WouldMissDeadline(Overloaded):
+    """Refused without computing: the learned batch cost says the answer would come after the
+    request's deadline (at admission, or when its batch was cut)."""
+
+
 class DeadlineExceeded(BatcherError):
     """The request's deadline passed before its batch started."""
 

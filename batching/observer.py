@@ -13,7 +13,8 @@ class BatchObserver(Protocol):
     ) -> None: ...
 
     def on_dropped(self, reason: str, count: int) -> None:
-        """reason is one of: overload, expired, cancelled, error."""
+        """reason is one of: overload (refused at admission), late (refused when its batch was cut:
+        predicted to finish after its deadline), expired, cancelled, error."""
         ...
 
     def on_queue_depth(self, requests: int, tokens: int) -> None: ...

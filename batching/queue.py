@@ -9,6 +9,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from batching.cost_model import BatchCostModel
+
 
 @dataclass(eq=False)
 class WorkItem:
@@ -31,6 +33,8 @@ class Batch:
     items: list[WorkItem]
     expired: list[WorkItem]
     cancelled: list[WorkItem]
+    late: list[WorkItem] = field(default_factory=list)  # predicted to finish after their deadline
+    predicted_s: float = 0.0  # what the cost model expects this batch to take
 
     @property
     def tokens(self) -> int:
@@ -128,8 +132,20 @@ class BatchQueue:
             self._closed = True
             self._cond.notify_all()
 
-    def next_batch(self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0) -> Batch | None:
-        """Block until there is work; None once closed and nothing is left reserved."""
+    @property
+    def queued(self) -> int:
+        """Tokenized items waiting (reserved slots also count those not yet tokenized)."""
+        return len(self._items)
+
+    def next_batch(
+        self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0,
+        cost: BatchCostModel | None = None, margin: float = 0.0,
+    ) -> Batch | None:
+        """Block until there is work; None once closed and nothing is left reserved.
+
+        With a ready `cost` model no item is computed that is predicted to finish (plus `margin`)
+        after its deadline, and the batch is cut no larger than its oldest item's deadline allows.
+        """
         with self._cond:
             while not self._items:
                 if self._closed and self._reserved == 0:
@@ -142,16 +158,32 @@ class BatchQueue:
             expired = [i for i in window if not i.cancelled and i.deadline <= now]
             cancelled = [i for i in window if i.cancelled]
             live = [i for i in window if not i.cancelled and i.deadline > now]
+            late: list[WorkItem] = []
+            if cost is not None and cost.ready:
+                # Even alone it would answer too late: refuse now rather than compute for nobody.
+                late = [i for i in live if now + cost.predict(i.n_tokens) + margin > i.deadline]
+                if late:
+                    live = [i for i in live if now + cost.predict(i.n_tokens) + margin <= i.deadline]
             chosen: list[WorkItem] = []
+            predicted = 0.0
             if live:
-                picked = set(choose_batch(live, max_size, max_tokens, max_padding))
+                budget = max_tokens
+                if cost is not None and cost.ready:  # the oldest item must still meet its deadline
+                    within = cost.max_tokens_within(live[0].deadline - now - margin)
+                    budget = int(min(max_tokens, max(live[0].n_tokens, within)))
+                picked = set(choose_batch(live, max_size, budget, max_padding))
                 chosen = [live[i] for i in sorted(picked)]
+                if cost is not None and cost.ready:
+                    predicted = cost.predict(max(i.n_tokens for i in chosen) * len(chosen))
+                    finish = now + predicted + margin
+                    late += [i for i in chosen if i.deadline < finish]
+                    chosen = [i for i in chosen if i.deadline >= finish]
                 self._items.extendleft(reversed([w for i, w in enumerate(live) if i not in picked]))
-            gone = len(chosen) + len(expired) + len(cancelled)
-            self._tokens -= sum(i.n_tokens for i in chosen + expired + cancelled)
-            self._reserved -= gone
+            gone = chosen + expired + cancelled + late
+            self._tokens -= sum(i.n_tokens for i in gone)
+            self._reserved -= len(gone)
             self._cond.notify_all()
-            return Batch(chosen, expired, cancelled)
+            return Batch(chosen, expired, cancelled, late, predicted)
 
     def _top_up(self, max_size: int, max_wait: float) -> None:
         # Optional latency-for-throughput trade: give a tiny batch a moment to grow.

@@ -29,6 +29,7 @@ from bench.ext_proc_bench import ExtProcClient, start_router
 from bench.report import emit
 from bench.workloads import short_prompts
 
+ENCODER: dict = {}  # encoder settings every router of the run gets (--torchscript)
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 FALLBACKS = ("fallback_timeout", "fallback_overload", "fallback_error", "fallback_shutdown")
 
@@ -86,7 +87,7 @@ def cpu_quota(cpus: float):
 
 @contextlib.asynccontextmanager
 async def router(workdir: Path, cpu_threads: int | None, cgroup: Path | None = None):
-    proc, port = start_router(workdir, "cpu", cpu_threads, deadline_ms=500, cgroup=cgroup)
+    proc, port = start_router(workdir, "cpu", cpu_threads, deadline_ms=500, cgroup=cgroup, encoder=ENCODER)
     client = ExtProcClient(port)
     try:
         await bursts(client, seed=999, n_bursts=1, size=64, concurrency=16)  # warm-up
@@ -181,7 +182,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--quota", type=float, default=1.0, help="CPUs of CFS quota in the quota scenario")
     p.add_argument("--out")
+    p.add_argument("--torchscript", choices=["on", "off"], default="on")
     args = p.parse_args()
+    ENCODER["torchscript"] = args.torchscript == "on"
     emit(asyncio.run(run(args)), args.out)
 
 

@@ -28,9 +28,12 @@ LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
 class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
-    __slots__ = ("path", "method", "headers", "body")
+    __slots__ = ("started", "path", "method", "headers", "body")
 
     def __init__(self):
+        # The request's budget runs from the first message the router sees, not from the body:
+        # time spent waiting for Envoy to buffer the body or for this loop to get to it counts.
+        self.started = time.monotonic()
         self.path = ""
         self.method = ""
         self.headers: dict[str, str] = {}
@@ -81,7 +84,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.REQUESTS.labels("not_ready").inc()
             return ext_proc.body_continue()
         engine, chain = current
-        deadline = time.monotonic() + engine.config.server.deadline_ms / 1000.0
+        deadline = stream.started + engine.config.server.deadline_ms / 1000.0
         raw = b"".join(stream.body)
         ctx: RequestContext | None = None
         if len(raw) > engine.config.requests.max_body_bytes:

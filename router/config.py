@@ -38,6 +38,7 @@ class EncoderConfig:
     cpu_threads: int | None = None  # None: one per available core
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
     cpu_bf16: bool = False  # bf16 autocast on CPU: ~1.8x faster where the CPU has bf16 units, slightly different scores
+    torchscript: bool = True  # CPU: run the model as one traced graph (checked against eager at load)
 
     def __post_init__(self):
         _require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")

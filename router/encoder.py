@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -80,6 +81,10 @@ class SentenceEncoder:
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.dimension = self.model.get_embedding_dimension()
+        self._traced = None
+        if config.torchscript and self.device == "cpu" and not self.cpu_bf16:
+            with single_threaded():
+                self._traced = trace(self.model, self.pad_id, self.max_seq_length)
         metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
@@ -87,7 +92,7 @@ class SentenceEncoder:
                    "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
                    "cpu_budget_from": budget.source,
                    "model_threads": self.cpu_threads if self.device == "cpu" else None,
-                   "model_threads_adaptive": self._tuner is not None},
+                   "model_threads_adaptive": self._tuner is not None, "torchscript": self._traced is not None},
         )
 
     def prepare_thread(self) -> None:
@@ -133,7 +138,10 @@ class SentenceEncoder:
             "attention_mask": torch.from_numpy(mask).to(self.device, non_blocking=True),
         }
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
-            emb = self.model(features)["sentence_embedding"]
+            if self._traced is not None:
+                emb = self._traced(features["input_ids"], features["attention_mask"])
+            else:
+                emb = self.model(features)["sentence_embedding"]
             emb = torch.nn.functional.normalize(emb.float(), dim=-1)
             # The only device->host copy (and sync) per batch.
             return emb.cpu().numpy()
@@ -162,3 +170,45 @@ class SentenceEncoder:
         self.prepare_thread()
         if self.device.startswith("cuda"):
             self._torch.cuda.synchronize()
+
+
+def trace(model, pad_id: int, max_seq_length: int):
+    """The model as one TorchScript graph, or None where tracing fails or changes the output.
+
+    Why: eager PyTorch returns to Python (and takes the GIL) between every op, and the router's
+    event loop holds the GIL while it answers requests. With one busy Python thread beside it, an
+    eager batch of 32 short prompts took 762 ms instead of 57; the traced graph runs in C++ and
+    took 180 ms (51 alone). The trace is checked against eager on several shapes before use.
+    """
+    import torch
+
+    class Forward(torch.nn.Module):  # the (input_ids, attention_mask) signature a trace needs
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model({"input_ids": input_ids, "attention_mask": attention_mask})["sentence_embedding"]
+
+    def inputs(n: int, length: int):
+        ids = torch.full((n, length), pad_id + 1, dtype=torch.int64)
+        mask = torch.ones((n, length), dtype=torch.int64)
+        mask[0, length // 2 :] = 0  # padding inside the batch: the mask must be honoured
+        ids[0, length // 2 :] = pad_id
+        return ids, mask
+
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings: the check below is what counts
+            traced = torch.jit.freeze(torch.jit.trace(Forward().eval(), inputs(2, 16), check_trace=False, strict=False))
+            for n, length in ((1, 3), (3, 16), (5, 41), (2, max_seq_length)):
+                ids, mask = inputs(n, length)
+                got = traced(ids, mask)
+                want = model({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+                if got.shape != want.shape or not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                    log.warning("torchscript trace differs from the eager model; running eager")
+                    return None
+    except Exception as exc:  # any model a trace cannot follow still runs, eagerly
+        log.warning("torchscript trace failed; running eager", extra={"error": type(exc).__name__})
+        return None
+    return traced

@@ -52,7 +52,7 @@ class RoutingEngine:
                 return hit
         try:
             embedding = await (embed() if embed else self.embed(prompt, deadline))
-        except Overloaded:
+        except Overloaded:  # queue full, or predicted to answer after the deadline
             return self.default("fallback_overload")
         except DeadlineExceeded:
             return self.default("fallback_timeout")
