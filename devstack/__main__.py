@@ -10,6 +10,7 @@ from pathlib import Path
 
 from devstack import envoy_bootstrap
 from devstack.stack import ROOT, Stack, StackPorts
+from devstack.supervisor import RouterSupervisor
 from router.config import load_config
 
 
@@ -36,11 +37,15 @@ def main() -> None:
             "Ctrl-C stops everything.",
             flush=True,
         )
+        # Like the pod: a dead router is restarted with backoff while Envoy keeps serving; Envoy
+        # itself is the gateway, so when it exits the stack stops.
+        supervisor = RouterSupervisor(stack, say=lambda m: print(m, flush=True))
         while not stop.wait(0.5):
-            for name, proc in (("router", stack.router), ("envoy", stack.envoy)):
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping", flush=True)
-                    stop.set()
+            if stack.envoy.poll() is not None:
+                print(f"envoy exited with {stack.envoy.returncode}; stopping", flush=True)
+                stop.set()
+            else:
+                supervisor.poll()
     print("stopped.", flush=True)
 
 

@@ -48,6 +48,12 @@ THREAD_BATCHES = Counter(
     "Model batches by the torch thread count they ran with (fewer than the budget: CPU contention).",
     ["threads"],
 )
+LOOP_LAG = Histogram(
+    "semantic_router_event_loop_lag_seconds",
+    "How late the event loop ran a timer: time a request waits for the loop before the router sees it.",
+    buckets=_LATENCY,
+)
+LOOP_LAG_MAX = Gauge("semantic_router_event_loop_lag_max_seconds", "Largest event-loop lag in the last 10 seconds.")
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
 
 

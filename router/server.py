@@ -81,6 +81,7 @@ class RouterServer:
         self._reload_lock = asyncio.Lock()
         self._watch_task: asyncio.Task | None = None
         self._gauge_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         # What the file said at start (CLI flags may override server.*): reload warns against this.
         self._file_config = load_config(config_path) if config_path is not None else config
 
@@ -115,6 +116,7 @@ class RouterServer:
         if self.config_path is not None and self.config.server.watch_config_s > 0:
             self._watch_task = asyncio.create_task(self._watch_config(self.config.server.watch_config_s))
         self._gauge_task = asyncio.create_task(self._update_process_gauges())
+        self._lag_task = asyncio.create_task(self._watch_loop_lag())
         log.info(
             "router serving",
             extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
@@ -189,6 +191,20 @@ class RouterServer:
             metrics.THREADS.set(threading.active_count())
             await asyncio.sleep(1.0)
 
+    async def _watch_loop_lag(self, tick: float = 0.05, window_s: float = 10.0) -> None:
+        """A saturated loop delays every stream before the batcher can see it: measure it."""
+        loop = asyncio.get_running_loop()
+        worst, window_start = 0.0, loop.time()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(tick)
+            lag = max(0.0, loop.time() - before - tick)
+            metrics.LOOP_LAG.observe(lag)
+            if before - window_start > window_s:
+                worst, window_start = 0.0, before
+            worst = max(worst, lag)
+            metrics.LOOP_LAG_MAX.set(worst)
+
     async def _set_health(self, status) -> None:
         for name in ("", EXT_PROC_SERVICE):
             await self.health.set(name, status)
@@ -197,7 +213,7 @@ class RouterServer:
         """NOT_SERVING first, keep serving for shutdown_delay_s while that propagates (readiness
         probes, health-checking peers), then refuse new streams, finish in-flight ones, drain."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        for task in (self._watch_task, self._gauge_task):
+        for task in (self._watch_task, self._gauge_task, self._lag_task):
             if task is not None:
                 task.cancel()
         await asyncio.sleep(self.config.server.shutdown_delay_s)

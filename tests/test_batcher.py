@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from batching import BatcherClosed, BatcherSettings, ContinuousBatcher, DeadlineExceeded, Overloaded
+from batching import BatcherClosed, BatcherSettings, ContinuousBatcher, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.queue import WorkItem, choose_batch
 from tests.fakes import POISON, FakeBackend, vector_for
 
@@ -304,5 +304,72 @@ def test_failed_warm_up_is_raised_by_started():
         with pytest.raises(BatcherClosed):
             await b.embed("hello", far())
         await asyncio.wait_for(b.aclose(), 10)
+
+    asyncio.run(main())
+
+
+def teach(b: ContinuousBatcher, seconds_per_batch: float) -> None:
+    """Give the batcher's cost model a history: every batch costs `seconds_per_batch`."""
+    for tokens in (4, 8, 16, 32):
+        b.cost.observe(tokens, seconds_per_batch)
+
+
+def test_refused_at_admission_when_the_predicted_answer_is_late_and_never_reaches_the_model():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend)
+        teach(b, 0.5)
+        first = await hold_first(b, backend)  # a batch predicted to take 0.5 s is running
+        with pytest.raises(WouldMissDeadline):
+            await b.embed("hopeless", time.monotonic() + 0.3)
+        assert "hopeless" not in backend.tokenized  # refused before any work, not at the deadline
+        assert obs.dropped["overload"] == 1
+        admitted = asyncio.create_task(b.embed("has time", far()))
+        backend.gate.set()
+        await asyncio.gather(first, admitted)
+        assert all("hopeless" not in batch for batch in backend.batches)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_item_predicted_to_finish_late_is_never_computed():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend)
+        teach(b, 0.4)
+        first = await hold_first(b, backend)
+        # Admitted (0.4 s running + 0.4 s for its own batch < 1.5 s), but the model stays busy.
+        late = asyncio.create_task(b.embed("late one", time.monotonic() + 1.5))
+        await wait_until(lambda: "late one" in backend.tokenized)
+        await asyncio.sleep(1.2)  # now even a batch of its own would end after its deadline
+        backend.gate.set()
+        with pytest.raises(WouldMissDeadline):
+            await late
+        await first
+        assert all("late one" not in batch for batch in backend.batches)
+        assert obs.dropped["late"] == 1
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_batch_is_cut_so_that_its_oldest_item_meets_its_deadline():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await start_batcher(backend)
+        for tokens in (4, 8, 16, 32):
+            b.cost.observe(tokens, 0.1 * tokens)  # 0.1 s per padded token, no fixed part
+        first = await hold_first(b, backend)
+        # The oldest has ~3 s left: at 4 tokens a prompt, at most 7 fit; the rest have all the time.
+        oldest = asyncio.create_task(b.embed("o o", time.monotonic() + 3.0))
+        await wait_until(lambda: "o o" in backend.tokenized)
+        rest = await queue_behind(b, backend, [f"r {i}" for i in range(12)])
+        backend.gate.set()
+        await asyncio.gather(first, oldest, *rest)
+        second = backend.batches[1]
+        assert second[0] == "o o" and 1 <= len(second) <= 7
+        assert sorted(t for batch in backend.batches[1:] for t in batch) == sorted(["o o"] + [f"r {i}" for i in range(12)])
+        await b.aclose()
 
     asyncio.run(main())

@@ -91,3 +91,11 @@ def test_cpu_bf16_stays_close_to_fp32(encoder):
     texts = [p for ps in PROMPTS.values() for p in ps]
     cos = np.sum(bf16.encode(texts) * encoder.encode(texts), axis=1)
     assert cos.min() > 0.98, cos.min()
+
+
+def test_torchscript_graph_matches_the_eager_model(encoder):
+    assert encoder._traced is not None  # the bundled model traces
+    eager = SentenceEncoder(EncoderConfig(device="cpu", torchscript=False))
+    assert eager._traced is None
+    texts = ["hi", "solve 2x + 3 = 7", "a much longer prompt about routing " * 30, "x y z"]
+    np.testing.assert_allclose(encoder.encode(texts), eager.encode(texts), atol=1e-5)

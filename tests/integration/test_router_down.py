@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import httpx
 import pytest
 
 from devstack import envoy_bootstrap
 from devstack.stack import ROOT, Stack, StackPorts
+from devstack.supervisor import RouterSupervisor
 
 MATH = {"model": "auto", "messages": [{"role": "user", "content": "solve the equation 5x + 2 = 17"}]}
 
@@ -45,3 +47,62 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
     r = post(own_stack, MATH)
     assert r.headers["x-mock-backend"] == "math-model"
     assert r.headers["x-semantic-route-reason"] == "matched"
+
+
+def test_launcher_restarts_a_killed_router_while_envoy_serves(own_stack):
+    said: list[str] = []
+    supervisor = RouterSupervisor(own_stack, say=said.append, min_backoff_s=0.5)
+    own_stack.kill_router(signal.SIGKILL)
+    served = []
+    give_up = time.monotonic() + 180
+    while supervisor.restarts == 0:
+        assert time.monotonic() < give_up, said
+        supervisor.poll()  # returns once the restarted router is serving
+        r = post(own_stack, MATH)
+        assert r.status_code == 200  # the gateway never went down
+        served.append(r.headers["x-mock-backend"])
+        time.sleep(0.1)
+    assert "general-model" in served  # while the router was dead: default backend
+    r = post(own_stack, MATH)
+    assert r.headers["x-semantic-route-reason"] == "matched"  # routing resumed
+    assert any("restarting in" in m for m in said) and said[-1] == "router back; routing resumed"
+
+
+class FakeRouterProcess:
+    def __init__(self, code=None):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+class FakeStack:
+    def __init__(self, fail_starts: int):
+        self.router = FakeRouterProcess(code=-9)
+        self.fail_starts = fail_starts
+        self.starts = 0
+
+    def start_router(self):
+        self.starts += 1
+        if self.starts <= self.fail_starts:
+            raise RuntimeError("router exited with 1 while starting:\nboom")
+        self.router = FakeRouterProcess()
+
+
+def test_restart_backoff_doubles_on_failure_and_resets_after_a_healthy_run():
+    now = [0.0]
+    stack = FakeStack(fail_starts=2)
+    sup = RouterSupervisor(stack, say=lambda m: None, min_backoff_s=1, max_backoff_s=4, healthy_after_s=60,
+                           clock=lambda: now[0])
+    attempts = []
+    for _ in range(200):
+        before = stack.starts
+        sup.poll()
+        if stack.starts > before:
+            attempts.append(now[0])
+        now[0] += 0.25
+    assert attempts == [1.0, 3.0, 7.0]  # waits of 1, 2, 4 s: failed, failed, back
+    assert sup.restarts == 1 and sup.backoff == 4
+    now[0] += 61
+    sup.poll()
+    assert sup.backoff == 1  # it stayed up: the next crash starts the ladder again
