@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test tools test-unit test-integration bench soak clinc150 clean
+.PHONY: run test tools test-unit test-integration bench bench-contention soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ bench: $(STAMP)
 	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
 	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
 	$(PY) -m bench.latency_bound --out build/bench-latency-bound.json
+
+# Contention (neighbour process, CPU quota; needs root for the cgroup) and overload through Envoy (wrk).
+bench-contention: $(STAMP)
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	mkdir -p build
+	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
 
 soak: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)
