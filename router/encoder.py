@@ -133,15 +133,17 @@ class SentenceEncoder:
         for row, toks in enumerate(token_ids):
             ids[row, : len(toks)] = toks
             mask[row, : len(toks)] = 1
+        if self._traced is not None:
+            # One call that drops the GIL once: every eager op after it would drop and re-take it,
+            # and each re-take can wait a whole switch interval (5 ms) behind the busy event loop.
+            with torch.inference_mode():
+                return self._traced(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         features = {
             "input_ids": torch.from_numpy(ids).to(self.device, non_blocking=True),
             "attention_mask": torch.from_numpy(mask).to(self.device, non_blocking=True),
         }
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
-            if self._traced is not None:
-                emb = self._traced(features["input_ids"], features["attention_mask"])
-            else:
-                emb = self.model(features)["sentence_embedding"]
+            emb = self.model(features)["sentence_embedding"]
             emb = torch.nn.functional.normalize(emb.float(), dim=-1)
             # The only device->host copy (and sync) per batch.
             return emb.cpu().numpy()
@@ -188,7 +190,8 @@ def trace(model, pad_id: int, max_seq_length: int):
             self.model = model
 
         def forward(self, input_ids, attention_mask):
-            return self.model({"input_ids": input_ids, "attention_mask": attention_mask})["sentence_embedding"]
+            emb = self.model({"input_ids": input_ids, "attention_mask": attention_mask})["sentence_embedding"]
+            return torch.nn.functional.normalize(emb.float(), dim=-1)
 
     def inputs(n: int, length: int):
         ids = torch.full((n, length), pad_id + 1, dtype=torch.int64)
@@ -205,6 +208,7 @@ def trace(model, pad_id: int, max_seq_length: int):
                 ids, mask = inputs(n, length)
                 got = traced(ids, mask)
                 want = model({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+                want = torch.nn.functional.normalize(want.float(), dim=-1)
                 if got.shape != want.shape or not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
                     log.warning("torchscript trace differs from the eager model; running eager")
                     return None

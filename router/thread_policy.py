@@ -7,15 +7,18 @@ threads fall to 85 req/s (6% of requests past the 500 ms deadline) while one thr
 because the thread that shares a core with the neighbour is descheduled mid-region. libgomp's
 knobs do not fix it (OMP_WAIT_POLICY=PASSIVE: 166 alone / 125 contended; ACTIVE: 194 / 98;
 GOMP_SPINCOUNT=10000: 194 / 79; `python -m bench.contention_bench`). So the count is measured:
-each candidate keeps a smoothed cost per token, the cheapest runs the batches, and now and then
-(0.25 s, doubling to 2 s while the choice holds) one batch re-measures another candidate, so the
-choice follows a neighbour that comes and goes. A switch costs ~0.25 us (torch.set_num_threads).
+the current count's batch cost is learned from every batch, and now and then (0.25 s, doubling to
+2 s while the choice holds) one batch runs with another count and is compared with what the
+current count would have taken for it; a clear win switches. The choice follows a neighbour that
+comes and goes. A switch costs ~0.25 us (torch.set_num_threads).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Callable
+
+from batching.cost_model import BatchCostModel
 
 
 def candidates(max_threads: int) -> list[int]:
@@ -27,17 +30,22 @@ class ThreadTuner:
     """Used from the model thread only."""
 
     def __init__(self, max_threads: int, explore_min_s: float = 0.25, explore_max_s: float = 2.0,
-                 overhead_tokens: float = 40.0, clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic):
         self.candidates = candidates(max_threads)
-        # A batch costs about (padded tokens + a fixed overhead) x seconds per token; comparing
-        # candidates per token keeps batches of different shapes comparable.
-        self._overhead = overhead_tokens
-        self._per_token: dict[int, float | None] = {c: None for c in self.candidates}
-        self._last_seen = {c: -1.0 for c in self.candidates}
         self.current = self.candidates[0]
+        # Comparisons are paired: a batch run with another count is timed against what the
+        # current count is predicted to take for that same batch shape. (Comparing each count's
+        # own average cost per token is biased: fewer threads let requests pile up into bigger
+        # batches, which look cheaper per token. Measured: that version ran c64 at 220 req/s
+        # where two fixed threads ran 295.)
+        self._cost = BatchCostModel(forget=0.9)  # of the current count, from every batch it runs
+        # A win is confirmed by a second batch right away before it switches (one batch can be
+        # unlucky either way); older measurements are not kept, they describe another moment.
+        self._first_win: tuple[int, float] | None = None  # (count, its time / current's)
+        self._last_explored = {c: -1.0 for c in self.candidates}
         # Re-measuring a worse count costs one slow batch, so the interval doubles each time the
         # current count is confirmed (up to explore_max_s: how long a neighbour that left may
-        # keep us on fewer threads) and drops back once a switch happens.
+        # keep us on fewer threads) and drops back after a switch.
         self._clock = clock
         self._explore_min, self._explore_max = explore_min_s, explore_max_s
         self._interval = explore_min_s
@@ -45,35 +53,35 @@ class ThreadTuner:
         self._exploring: int | None = None
 
     def choose(self, padded_tokens: int) -> int:
-        if len(self.candidates) == 1:
-            return self.candidates[0]
-        for c in self.candidates:  # measure every candidate first, most threads first
-            if self._per_token[c] is None:
-                return c
-        if self._clock() >= self._next_explore:
-            self._exploring = min((c for c in self.candidates if c != self.current), key=lambda c: self._last_seen[c])
+        if len(self.candidates) > 1 and self._cost.ready and self._clock() >= self._next_explore:
+            others = [c for c in self.candidates if c != self.current]
+            pending = self._first_win[0] if self._first_win else None
+            self._exploring = pending or min(others, key=lambda c: self._last_explored[c])
             return self._exploring
         return self.current
 
     def record(self, threads: int, padded_tokens: int, seconds: float) -> None:
-        if threads not in self._per_token:
+        if threads != self._exploring:
+            if threads == self.current:
+                self._cost.observe(padded_tokens, seconds)
             return
         now = self._clock()
-        per_token = seconds / (padded_tokens + self._overhead)
-        old = self._per_token[threads]
-        # The current count is measured every batch and smoothed; an explored one was last seen
-        # long ago, so its new figure mostly replaces the stale one.
-        alpha = 0.7 if threads == self._exploring else 0.3
-        self._per_token[threads] = per_token if old is None else old + alpha * (per_token - old)
-        self._last_seen[threads] = now
-        if any(v is None for v in self._per_token.values()):
+        self._exploring = None
+        self._last_explored[threads] = now
+        predicted = self._cost.predict(padded_tokens)
+        if predicted <= 0:
             return
-        best = min(self.candidates, key=lambda c: self._per_token[c])
-        if best != self.current and self._per_token[best] < 0.9 * self._per_token[self.current]:
-            self.current = best  # a clear edge only: a small one is noise
+        ratio = seconds / predicted
+        if ratio < 0.9 and self._first_win is None:
+            self._first_win = (threads, ratio)
+            self._next_explore = now  # confirm with the next batch
+            return
+        confirmed = ratio if self._first_win is None else (ratio + self._first_win[1]) / 2
+        self._first_win = None
+        if confirmed < 0.9:  # a clear edge only: a small one is noise
+            self.current = threads
+            self._cost = BatchCostModel(forget=0.9)
             self._interval = self._explore_min
-        elif threads == self._exploring:
+        else:
             self._interval = min(2 * self._interval, self._explore_max)
-        if threads == self._exploring or now >= self._next_explore:
-            self._exploring = None
-            self._next_explore = now + self._interval
+        self._next_explore = now + self._interval

@@ -67,10 +67,13 @@ class Clock:
 
 
 def run(tuner: ThreadTuner, clock: Clock, seconds_per_token: dict[int, float], batches: int) -> list[int]:
+    """Batch sizes depend on the count in use, as under load (fewer threads, bigger batches); an
+    exploring batch has the shape the current count would have run."""
     chosen = []
-    for _ in range(batches):
-        n = tuner.choose(100)
-        tuner.record(n, 100, seconds_per_token[n] * 140)
+    for i in range(batches):
+        padded = (100 if tuner.current == tuner.candidates[0] else 400) + 10 * (i % 5)
+        n = tuner.choose(padded)
+        tuner.record(n, padded, 0.005 + seconds_per_token[n] * padded)
         clock.t += 0.05
         chosen.append(n)
     return chosen
