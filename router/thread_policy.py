@@ -39,8 +39,9 @@ class ThreadTuner:
         # batches, which look cheaper per token. Measured: that version ran c64 at 220 req/s
         # where two fixed threads ran 295.)
         self._cost = BatchCostModel(forget=0.9)  # of the current count, from every batch it runs
-        # A win is confirmed by a second batch right away before it switches (one batch can be
-        # unlucky either way); older measurements are not kept, they describe another moment.
+        # A clear win (under 0.7x) switches at once; a marginal one (0.7-0.9x) is confirmed by a
+        # second batch right away (one batch can be unlucky either way). Older measurements are
+        # not kept: they describe another moment.
         self._first_win: tuple[int, float] | None = None  # (count, its time / current's)
         self._last_explored = {c: -1.0 for c in self.candidates}
         # Re-measuring a worse count costs one slow batch, so the interval doubles each time the
@@ -63,6 +64,11 @@ class ThreadTuner:
     def record(self, threads: int, padded_tokens: int, seconds: float) -> None:
         if threads != self._exploring:
             if threads == self.current:
+                # Far slower than this count's own record: something changed (a neighbour
+                # arrived): look at the others now rather than at the next scheduled look.
+                if self._cost.ready and seconds > 1.5 * self._cost.predict(padded_tokens):
+                    self._next_explore = min(self._next_explore, self._clock())
+                    self._interval = self._explore_min
                 self._cost.observe(padded_tokens, seconds)
             return
         now = self._clock()
@@ -72,7 +78,7 @@ class ThreadTuner:
         if predicted <= 0:
             return
         ratio = seconds / predicted
-        if ratio < 0.9 and self._first_win is None:
+        if 0.7 <= ratio < 0.9 and self._first_win is None:
             self._first_win = (threads, ratio)
             self._next_explore = now  # confirm with the next batch
             return
