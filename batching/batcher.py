@@ -44,8 +44,8 @@ class BatcherSettings:
     window: int = 256  # oldest requests among which batches are sorted by length
     max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
     max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
-    # Time an embedding needs after its batch to reach the caller (settling on the event loop);
-    # deadline checks keep it in hand.
+    # Time an embedding needs after its batch to reach the caller, on top of the measured delay
+    # of the event loop in running the settling callback; deadline checks keep both in hand.
     answer_margin_s: float = 0.005
 
 
@@ -67,6 +67,10 @@ class ContinuousBatcher:
         self._busy_until = 0.0
         self._mean_tokens = 16.0
         self._mean_padding = 0.0
+        self._mean_batch = 1.0  # requests per batch lately: how fast the queue really drains
+        # How late the loop runs a callback the model thread hands it: a busy loop delays every
+        # answer by this much. Rises at once, decays slowly (written on the loop only).
+        self._settle_delay = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -139,10 +143,13 @@ class ContinuousBatcher:
         reserved, tokens = self._queue.depth
         tokens += max(0, reserved - self._queue.queued) * self._mean_tokens  # not tokenized yet
         padded = tokens / max(0.1, 1.0 - self._mean_padding)
-        batches = max(1, math.ceil(reserved / s.max_batch_size), math.ceil(padded / s.max_batch_tokens))
+        # Batches cut to their oldest item's deadline can be far below max_batch_size: judge how
+        # many it takes to clear the queue by what batches have been, where that is more.
+        per_batch = min(s.max_batch_size, max(self._mean_batch, reserved / 2))
+        batches = max(1, math.ceil(reserved / per_batch), math.ceil(padded / s.max_batch_tokens))
         fixed, per_token = self.cost.coefficients
         running = max(0.0, self._busy_until - time.monotonic())
-        return running + batches * fixed + per_token * padded + s.answer_margin_s
+        return running + batches * fixed + per_token * padded + self.margin
 
     def _hand_over(self) -> None:
         # One hand-off per loop iteration, not per request: clients that resume together
@@ -151,7 +158,13 @@ class ContinuousBatcher:
         if arrivals:
             self._inbox.put(arrivals)
 
-    def _settle(self, items: Sequence[WorkItem], outcomes: Sequence[object]) -> None:
+    @property
+    def margin(self) -> float:
+        """What to keep in hand before a deadline for the answer to get back to the caller."""
+        return self.settings.answer_margin_s + self._settle_delay
+
+    def _settle(self, items: Sequence[WorkItem], outcomes: Sequence[object], sent: float) -> None:
+        self._settle_delay = max(time.monotonic() - sent, 0.98 * self._settle_delay)
         for item, outcome in zip(items, outcomes):
             if item.future.done():
                 continue
@@ -163,7 +176,7 @@ class ContinuousBatcher:
     def _settle_from_thread(self, items: Sequence[WorkItem], outcomes: Sequence[object]) -> None:
         if items:
             try:
-                self._loop.call_soon_threadsafe(self._settle, list(items), list(outcomes))
+                self._loop.call_soon_threadsafe(self._settle, list(items), list(outcomes), time.monotonic())
             except RuntimeError:  # loop already closed: nobody is waiting any more
                 pass
 
@@ -239,7 +252,7 @@ class ContinuousBatcher:
         self._loop.call_soon_threadsafe(_resolve, self._warm, None)
         while True:
             batch = self._queue.next_batch(
-                s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s, self.cost, s.answer_margin_s
+                s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s, self.cost, self.margin
             )
             if batch is None:
                 return
@@ -285,6 +298,7 @@ class ContinuousBatcher:
         self.cost.observe(batch.padded_tokens, seconds)
         self._mean_tokens += 0.1 * (batch.tokens / len(batch.items) - self._mean_tokens)
         self._mean_padding += 0.1 * (1.0 - batch.tokens / batch.padded_tokens - self._mean_padding)
+        self._mean_batch += 0.2 * (len(batch.items) - self._mean_batch)
 
     def _embed_one(self, item: WorkItem) -> object:
         try:

@@ -97,6 +97,8 @@ def model_side(before: dict, after: dict) -> dict:
         "mean_batch_ms": round(1000 * d.get("semantic_router_inference_seconds_sum", 0) / batches, 1) if batches else None,
         "batches_by_threads": threads,
         "max_loop_lag_ms": after.get("semantic_router_event_loop_lag_max_seconds", 0) * 1000,
+        "batcher_dropped": {k.split('"')[1]: int(v) for k, v in d.items()
+                            if k.startswith("semantic_router_batcher_dropped_total") and v},
     }
 
 
