@@ -111,8 +111,12 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "llm_gateway",
-            # No client address is internal: internal_only_headers apply to everyone.
-            "internal_address_config": {"unix_sockets": False},
+            # No client address is internal, so internal_only_headers apply to everyone. An empty
+            # list is not enough: Envoy then treats private and loopback x-forwarded-for addresses
+            # as internal and keeps a client's routing headers (while the router is down, the
+            # client picks the backend). One documentation-only address (RFC 5737) no client has.
+            "internal_address_config": {"unix_sockets": False, "cidr_ranges": [
+                {"address_prefix": "192.0.2.1", "prefix_len": 32}]},
             "route_config": {
                 "name": "llm_routes",
                 # Only the router may set these; a client's copies are dropped before any filter or

@@ -33,8 +33,12 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
     assert post(own_stack, MATH).headers["x-mock-backend"] == "math-model"
 
     own_stack.kill_router(signal.SIGKILL)
-    spoof = {"x-selected-model": "math-model"}
-    for _ in range(20):
+    spoofs = [{"x-selected-model": "math-model"}]
+    # Addresses Envoy would otherwise take as internal (private, loopback) must not make a
+    # client's routing headers trusted either.
+    spoofs += [{"x-selected-model": "code-model", "x-forwarded-for": ip} for ip in ("10.0.0.1", "127.0.0.1", "192.168.1.5")]
+    for i in range(20):
+        spoof = spoofs[i % len(spoofs)]
         r = post(own_stack, MATH, spoof)
         assert r.status_code == 200
         # failure_mode_allow: the request goes on unrouted, to the default backend, and a
