@@ -40,11 +40,15 @@ def _with_server_overrides(config: RouterConfig, args: argparse.Namespace) -> Ro
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from router.logs import setup_logging
-    from router.server import RouterServer
+    from router.server import PortInUse, RouterServer
 
     setup_logging(args.log_level)
     config = _with_server_overrides(_load(args.config), args)
-    asyncio.run(RouterServer(config, args.config).run_until_signal())
+    try:
+        asyncio.run(RouterServer(config, args.config).run_until_signal())
+    except PortInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

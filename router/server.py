@@ -42,6 +42,10 @@ RESTART_ONLY = ("encoder", "batching", "server")
 EngineHook = Callable[[RoutingEngine], Awaitable[Callable[[], None]]]
 
 
+class PortInUse(RuntimeError):
+    """The gRPC port is taken (another router?): refusing to share it."""
+
+
 def batcher_settings(config: RouterConfig) -> BatcherSettings:
     b = config.batching
     return BatcherSettings(
@@ -92,11 +96,19 @@ class RouterServer:
         cfg = self.config.server
         self._metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
         self.metrics_port = self._metrics_http.server_port
-        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+        # SO_REUSEPORT (gRPC's default) would let a second router bind the same port silently and
+        # take a share of Envoy's connections.
+        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                                             ("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         for ep in entry_points(group=SERVICE_GROUP):
             ep.load()(self.grpc, self)
-        self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        try:
+            self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        except RuntimeError as exc:
+            self._metrics_http.shutdown()
+            raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
+                            "(another router running?)") from exc
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.grpc.start()
         loop = asyncio.get_running_loop()

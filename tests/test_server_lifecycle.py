@@ -6,11 +6,12 @@ import asyncio
 import gc
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from router.config import parse_config
-from router.server import RouterServer
+from router.server import PortInUse, RouterServer
 from tests.fakes import FakeBackend
 from tests.test_service import CONFIG, body_msg, chat, headers_msg, set_headers
 
@@ -95,5 +96,22 @@ def test_start_up_objects_are_frozen_out_of_the_collector_but_the_engine_is_not(
             assert any(o is server.engine for o in collectable)
         finally:
             await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_second_router_cannot_share_a_running_routers_port():
+    async def main():
+        first = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
+        await first.start()
+        cfg = config()
+        taken = parse_config({**CONFIG, "server": {"grpc_port": first.grpc_port, "metrics_port": 0}})
+        second = RouterServer(taken, None, backend_factory=lambda cfg: FakeBackend())
+        try:
+            with pytest.raises(PortInUse, match=f"grpc port {first.grpc_port} is already in use"):
+                await second.start()
+        finally:
+            await first.stop()
+        assert cfg  # the first kept serving until stopped
 
     asyncio.run(main())
