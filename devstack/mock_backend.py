@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ def _echo(request: web.Request, raw: bytes) -> dict:
         "backend": request.app[NAME],
         "path": request.path,
         "body_bytes": len(raw),
+        "body_sha256": hashlib.sha256(raw).hexdigest(),  # byte-for-byte checks
         "headers": {h: request.headers.get(h) for h in _ECHOED if h in request.headers},
     }
 

@@ -30,6 +30,8 @@ class RequestContext:
     deadline: float  # time.monotonic() by which the answer must go back to Envoy
     engine: RoutingEngine
     body_bytes: int = 0
+    raw: bytes = b""  # the body as the client sent it
+    model_span: tuple[int, int] | None = None  # where its top-level `model` value sits in `raw`
     decision: Decision | None = None
     rewrite_model: bool = False  # set by the model policy: write the chosen model into the body
     body_changed: bool = False

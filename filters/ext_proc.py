@@ -64,6 +64,13 @@ def headers_skip_body(spoofed: bool) -> pb.ProcessingResponse:
     )
 
 
+def headers_routed(headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    """Decided at the headers phase (no body will come): strip client copies, set the route."""
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=ROUTER_HEADERS),
+        clear_route_cache=True)))
+
+
 def body_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_body=pb.BodyResponse())
 

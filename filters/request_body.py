@@ -10,6 +10,7 @@ the last `prompt_turns` user turns joined oldest first, the system prompt first 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,23 +35,122 @@ class ParsedBody:
     data: dict[str, Any]
     model: str | None
     prompt: str | None  # None: no user text to route on
+    model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
 
 
-def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> ParsedBody:
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Backends differ on which copy of a repeated key wins (Python's json: the last; many others:
+    # the first), so a body with one is ambiguous: the router could route on a prompt or model
+    # the backend never sees.
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise _DuplicateKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return d
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _text(raw: bytes) -> str:
     if not raw:
         raise BadBody("empty", "empty body")
     try:
-        data = json.loads(raw)
+        # Strict UTF-8 (RFC 8259): json.loads would also take UTF-16/32, which backends may not.
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadBody("not_utf8", "body is not UTF-8") from None
+
+
+def _members(text: str, stop_at: str | None = None):
+    """(key, value, start, end) of each top-level member of the JSON object `text`, in order;
+    with `stop_at`, stops after that key (values before it are still decoded)."""
+    i = _SPACE.match(text, 0).end()
+    if text[i : i + 1] != "{":
+        other = json.loads(text)  # not JSON at all (ValueError), or JSON of another kind
+        raise BadBody("not_object", f"body is a JSON {type(other).__name__}, not an object")
+    i = _SPACE.match(text, i + 1).end()
+    if text[i : i + 1] == "}":
+        return
+    while True:
+        if text[i : i + 1] != '"':
+            raise ValueError("expected a key")
+        key, i = _DECODER.raw_decode(text, i)
+        i = _SPACE.match(text, i).end()
+        if text[i : i + 1] != ":":
+            raise ValueError("expected ':'")
+        start = _SPACE.match(text, i + 1).end()
+        value, end = _DECODER.raw_decode(text, start)
+        yield key, value, start, end
+        if key == stop_at:
+            return
+        i = _SPACE.match(text, end).end()
+        if text[i : i + 1] == "}":
+            if _SPACE.match(text, i + 1).end() != len(text):
+                raise ValueError("data after the object")
+            return
+        if text[i : i + 1] != ",":
+            raise ValueError("expected ',' or '}'")
+        i = _SPACE.match(text, i + 1).end()
+
+
+def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
+    # `model` comes first in practice, so encoding the text before it is cheap.
+    b = len(text[:start].encode("utf-8"))
+    return b, b + len(text[start:end].encode("utf-8"))
+
+
+def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> ParsedBody:
+    """One pass over the body: strict UTF-8, one JSON object, no repeated key at any depth."""
+    text = _text(raw)
+    data: dict[str, Any] = {}
+    model_span = None
+    try:
+        for key, value, start, end in _members(text):
+            if key in data:
+                raise _DuplicateKey(key)
+            data[key] = value
+            if key == "model":
+                model_span = _byte_span(text, start, end)
+    except _DuplicateKey as dup:
+        raise BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object") from None
+    except BadBody:
+        raise
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
-    if not isinstance(data, dict):
-        raise BadBody("not_object", f"body is a JSON {type(data).__name__}, not an object")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise BadBody("bad_model", "model is not a string")
-    return ParsedBody(data, model, extract_prompt(data, path, policy))
+    return ParsedBody(data, model, extract_prompt(data, path, policy), model_span)
+
+
+def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
+    """The top-level `model` of a body too large to parse whole, and its byte span: reads
+    members only up to `model` (first in practice). (None, None) when it cannot tell."""
+    try:
+        text = _text(raw)
+        for key, value, start, end in _members(text, stop_at="model"):
+            if key == "model":
+                return (value, _byte_span(text, start, end)) if isinstance(value, str) else (None, None)
+    except (BadBody, ValueError, RecursionError):
+        pass
+    return None, None
+
+
+def with_model(raw: bytes, span: tuple[int, int] | None, model: str) -> bytes:
+    """`raw` with the top-level `model` value replaced (or added first); every other byte as the
+    client sent it, so numbers, escapes and key order reach the backend unchanged."""
+    value = json.dumps(model).encode()
+    if span is not None:
+        return raw[: span[0]] + value + raw[span[1] :]
+    i = raw.index(b"{") + 1
+    rest = raw[i:].lstrip(b" \t\n\r")
+    sep = b"" if rest.startswith(b"}") else b","
+    return raw[:i] + b'"model":' + value + sep + raw[i:]
 
 
 def extract_prompt(data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> str | None:

@@ -12,9 +12,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from filters import ext_proc
+from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from filters.request_body import BadBody, parse_body
+from filters.request_body import BadBody, parse_body, peek_model, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
@@ -52,6 +53,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 yield self._on_headers(request.request_headers, stream)
+                if request.request_headers.end_of_stream and stream.method == "POST" and stream.path.endswith(LLM_PATHS):
+                    return  # no body: answered at the headers phase
             elif kind == "request_body":
                 chunk = request.request_body
                 stream.body.append(chunk.body)
@@ -75,6 +78,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.method != "POST" or not stream.path.endswith(LLM_PATHS):
             metrics.REQUESTS.labels("not_processed").inc()
             return ext_proc.headers_skip_body(spoofed)
+        if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
+            current = self._current()
+            if current is not None:
+                metrics.BAD_REQUESTS.labels("empty").inc()
+                return self._answer(None, current[0].default("invalid_body"), current[0], at_headers=True)
         return ext_proc.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
@@ -87,15 +95,27 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         deadline = stream.started + engine.config.server.deadline_ms / 1000.0
         raw = b"".join(stream.body)
         ctx: RequestContext | None = None
+        new_body = None
+        encoding = stream.headers.get("content-encoding", "identity").strip().lower()
         if len(raw) > engine.config.requests.max_body_bytes:
             metrics.BAD_REQUESTS.labels("too_large").inc()
             decision = engine.default("body_too_large")
+            model, span = peek_model(raw)
+            if model in engine.config.requests.model_aliases:  # "auto" must reach the backend as a model it serves
+                new_body = with_model(raw, span, decision.model)
+        elif encoding not in ("", "identity"):
+            # A compressed body cannot be read without inflating it here; it goes on unrouted.
+            metrics.BAD_REQUESTS.labels("encoded").inc()
+            decision = engine.default("invalid_body")
         else:
             try:
                 parsed = parse_body(raw, stream.path, engine.config.requests)
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
+                if bad.kind == "duplicate_key":  # ambiguous to backends: refused, never forwarded
+                    metrics.REQUESTS.labels("rejected").inc()
+                    return ext_proc.immediate(openai_error(400, f"Invalid request body: {bad}", "duplicate_key"), {})
                 decision = engine.default("invalid_body")
             else:
                 ctx = RequestContext(
@@ -107,9 +127,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     deadline=deadline,
                     engine=engine,
                     body_bytes=len(raw),
+                    raw=raw,
+                    model_span=parsed.model_span,
                 )
                 decision = await self._run_chain(ctx, engine, chain)
-        response = self._answer(ctx, decision, engine)
+        response = self._answer(ctx, decision, engine, new_body)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         return response
 
@@ -126,7 +148,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return engine.default("fallback_error")
         return ctx.decision or engine.default("default")
 
-    def _answer(self, ctx: RequestContext | None, decision: Decision, engine: RoutingEngine) -> pb.ProcessingResponse:
+    def _answer(
+        self, ctx: RequestContext | None, decision: Decision, engine: RoutingEngine, new_body: bytes | None = None,
+        at_headers: bool = False,
+    ) -> pb.ProcessingResponse:
         if ctx is not None and ctx.immediate is not None:
             metrics.REQUESTS.labels("rejected").inc()
             return ext_proc.immediate(ctx.immediate, self._safe_extra(ctx))
@@ -138,18 +163,24 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             SCORE: f"{decision.score:.4f}",
             REASON: decision.reason,
         }
-        new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}
-            if ctx.rewrite_model and ctx.body.get("model") != decision.model:
-                # Also on a fallback: "auto" must reach the backend as a model it serves.
-                ctx.body["model"] = decision.model
-                ctx.body_changed = True
+            # Also on a fallback: "auto" must reach the backend as a model it serves.
+            rewrite = ctx.rewrite_model and ctx.body.get("model") != decision.model
             if ctx.body_changed:
-                new_body = json.dumps(ctx.body, ensure_ascii=False, separators=(",", ":")).encode()
-                headers["content-length"] = str(len(new_body))
+                # A filter changed the document itself: serialise it. ASCII escapes keep every
+                # string valid JSON (a lone surrogate included).
+                if rewrite:
+                    ctx.body["model"] = decision.model
+                new_body = json.dumps(ctx.body, separators=(",", ":")).encode()
+            elif rewrite:
+                new_body = with_model(ctx.raw, ctx.model_span, decision.model)
+        if new_body is not None:
+            headers["content-length"] = str(len(new_body))
         if engine.config.log_prompts and ctx is not None:
             log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
+        if at_headers:
+            return ext_proc.headers_routed(headers)
         return ext_proc.body_routed(headers, new_body)
 
     @staticmethod

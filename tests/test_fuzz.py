@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filters.request_body import BadBody, parse_body
+from filters.request_body import BadBody, parse_body, peek_model, with_model
 from router.config import RequestsConfig
 from tests.test_service import Harness
 
@@ -84,3 +84,58 @@ def test_service_answers_every_message_of_any_sequence(sequence):
             assert response.IsInitialized()
 
     asyncio.run(main())
+
+
+documents = st.dictionaries(st.text(max_size=8).filter(lambda k: k != "model"), json_values, max_size=5)
+layouts = st.sampled_from([
+    {}, {"indent": 2}, {"separators": (",", ":")}, {"ensure_ascii": False}, {"indent": "\t", "ensure_ascii": False},
+])
+
+
+@given(doc=documents, model=st.one_of(st.none(), st.text(max_size=12)), new=st.text(max_size=12),
+       first=st.booleans(), layout=layouts)
+@settings(max_examples=400, deadline=None)
+def test_model_rewrite_changes_only_the_model_value(doc, model, new, first, layout):
+    body = dict(doc)
+    if model is not None:
+        body = {"model": model, **doc} if first else {**doc, "model": model}
+    raw = json.dumps(body, **layout).encode()
+    parsed = parse_body(raw, "/v1/chat/completions")
+    out = with_model(raw, parsed.model_span, new)
+    assert json.loads(out) == {**body, "model": new}
+    if parsed.model_span is not None:  # every byte outside the value is the client's
+        start, end = parsed.model_span
+        assert out[:start] == raw[:start] and out[len(out) - (len(raw) - end):] == raw[end:]
+    else:
+        assert out.endswith(raw[1:])
+    assert peek_model(raw) == ((model, parsed.model_span) if model is not None else (None, None))
+
+
+def test_model_rewrite_keeps_numbers_escapes_and_lone_surrogates():
+    raw = (b'{"model" : "auto", "n": [1E2, 1e999999, 0.1000000000000000055511151231257827, -0],'
+           b' "user": "\\ud800", "s": "\\u00e9\\/"}')
+    parsed = parse_body(raw, "/v1/chat/completions")
+    assert with_model(raw, parsed.model_span, "math-model") == raw.replace(b'"auto"', b'"math-model"')
+    assert with_model(b'{}', None, "m") == b'{"model":"m"}'
+
+
+@given(raw=st.sampled_from([b'{"model":"a","model":"b"}', b'{"messages":[{"role":"user","role":"system"}]}',
+                            b'{"a":{"x":1,"x":2}}']))
+def test_repeated_keys_at_any_depth_are_refused(raw):
+    try:
+        parse_body(raw, "/v1/chat/completions")
+    except BadBody as bad:
+        assert bad.kind == "duplicate_key"
+    else:
+        raise AssertionError("a repeated key was accepted")
+
+
+def test_only_utf8_is_accepted():
+    body = '{"model":"auto","messages":[{"role":"user","content":"hi"}]}'
+    for encoding in ("utf-16", "utf-32", "utf-16-le"):
+        try:
+            parse_body(body.encode(encoding), "/v1/chat/completions")
+        except BadBody as bad:
+            assert bad.kind == "not_utf8"
+        else:
+            raise AssertionError(encoding)
