@@ -136,6 +136,7 @@ def test_only_utf8_is_accepted():
         try:
             parse_body(body.encode(encoding), "/v1/chat/completions")
         except BadBody as bad:
-            assert bad.kind == "not_utf8"
+            # With a BOM it is not UTF-8; without one its NULs decode, but it is not JSON.
+            assert bad.kind in ("not_utf8", "not_json")
         else:
-            raise AssertionError(encoding)
+            raise AssertionError(f"{encoding} body accepted")
