@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
+import urllib.parse
 from typing import AsyncIterator, Callable
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -24,6 +26,17 @@ from router.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
 log = logging.getLogger(__name__)
 
 LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+
+
+def canonical_path(path: str) -> str:
+    """The path as the most lenient backend reads it, for deciding whether it is an LLM call.
+
+    Envoy has already normalised it (dot segments, merged and unescaped slashes, unreserved
+    escapes: `normalize_path` in the rendered config); backends may still decode other escapes,
+    ignore `;params` and a trailing slash, or match case-insensitively, so the router does too.
+    """
+    path = urllib.parse.unquote(path.split("?", 1)[0]).split(";", 1)[0]
+    return re.sub("/+", "/", path).rstrip("/").lower()
 
 
 class _Stream:
@@ -71,7 +84,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         h = ext_proc.header_map(headers)
         stream.headers = h
         stream.method = h.get(":method", "")
-        stream.path = h.get(":path", "").split("?", 1)[0]
+        stream.path = canonical_path(h.get(":path", ""))
         spoofed = any(name in h for name in ext_proc.ROUTER_HEADERS)
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()

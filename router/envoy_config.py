@@ -111,6 +111,11 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "llm_gateway",
+            # One view of the path for Envoy, the router and the backends: RFC 3986 normalisation
+            # (dot segments), merged slashes, escaped slashes decoded, before any filter runs.
+            "normalize_path": True,
+            "merge_slashes": True,
+            "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
             # No client address is internal, so internal_only_headers apply to everyone. An empty
             # list is not enough: Envoy then treats private and loopback x-forwarded-for addresses
             # as internal and keeps a client's routing headers (while the router is down, the
