@@ -52,6 +52,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """For exec probes: the router's gRPC port listens on loopback only, out of kubelet's reach."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(args.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                               timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"unhealthy: {exc.code().name}", file=sys.stderr)
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     config = _load(args.config)
     encoder, classifier = _offline(config)
@@ -226,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--backend", "--backends", action="append", type=_backend_flag, metavar="MODEL=HOST:PORT[:tls]",
                     help="set a backend model's address (repeatable); overrides the config's backends")
     ec.set_defaults(func=cmd_envoy_config)
+
+    hc = sub.add_parser("health", help="exit 0 if the router on ADDRESS reports SERVING (a container probe)")
+    hc.add_argument("--address", default="127.0.0.1:50051")
+    hc.add_argument("--timeout", type=float, default=2.0)
+    hc.set_defaults(func=cmd_health)
     return parser
 
 

@@ -60,8 +60,10 @@ def test_pod_shape_probes_and_selectors(rendered):
     router = next(c for c in pod["spec"]["initContainers"] if c["name"] == "router")
     envoy = next(c for c in pod["spec"]["containers"] if c["name"] == "envoy")
     assert router["restartPolicy"] == "Always"  # native sidecar
-    assert router["readinessProbe"]["grpc"]["port"] == 50051  # gRPC health: SERVING only when warm
-    assert router["livenessProbe"] and router["startupProbe"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # gRPC health, SERVING only when warm,
+        # asked from inside the container: the ext_proc port is on loopback, out of kubelet's reach
+        assert router[probe]["exec"]["command"][:2] == ["semantic-router", "health"], probe
+    assert all(p["containerPort"] != 50051 for p in router["ports"])
     assert envoy["readinessProbe"]["httpGet"]["path"] == "/healthz"
     for c in (router, envoy):
         assert c["resources"]["requests"] and c["resources"]["limits"]
@@ -72,6 +74,20 @@ def test_pod_shape_probes_and_selectors(rendered):
         assert selector and all(labels.get(k) == v for k, v in selector.items()), kind
     gpu = router["resources"]["limits"].get("nvidia.com/gpu")
     assert (gpu == 1) if name == "overlays/gpu" else gpu is None
+
+
+def test_only_envoy_reaches_the_router_and_only_monitoring_reaches_metrics(rendered):
+    _, objects = rendered
+    router_cfg = yaml.safe_load((K8S / "base" / "router.yaml").read_text())
+    assert router_cfg["server"]["grpc_host"] == "127.0.0.1"  # Envoy is in the same pod
+    assert router_cfg["envoy"]["router_address"] == "127.0.0.1"
+    policy = by_kind(objects)["NetworkPolicy"]["spec"]
+    rules = {tuple(p["port"] for p in rule["ports"]): rule for rule in policy["ingress"]}
+    assert set(rules) == {(8080,), (9090,)}  # nothing admits 50051
+    assert "from" not in rules[(8080,)]  # the gateway is for everyone
+    (source,) = rules[(9090,)]["from"]  # /metrics only for the monitoring namespace, never every pod
+    assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert "podSelector" not in source
 
 
 def test_configmaps_carry_the_committed_configs():

@@ -115,3 +115,19 @@ def test_a_second_router_cannot_share_a_running_routers_port():
         assert cfg  # the first kept serving until stopped
 
     asyncio.run(main())
+
+
+def test_health_command_reports_serving_for_probes():
+    from router.cli import main as cli
+
+    async def main():
+        server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
+        await server.start()
+        try:
+            ok = await asyncio.to_thread(cli, ["health", "--address", f"127.0.0.1:{server.grpc_port}"])
+        finally:
+            await server.stop()
+        gone = await asyncio.to_thread(cli, ["health", "--address", f"127.0.0.1:{server.grpc_port}", "--timeout", "0.5"])
+        assert (ok, gone) == (0, 1)
+
+    asyncio.run(main())
