@@ -26,6 +26,8 @@ from router.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
 log = logging.getLogger(__name__)
 
 LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+# Headers the body answer may add (the four router headers, content-length) plus one spare.
+HEADER_HEADROOM = 6
 
 
 def canonical_path(path: str) -> str:
@@ -91,8 +93,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.method != "POST" or not stream.path.endswith(LLM_PATHS):
             metrics.REQUESTS.labels("not_processed").inc()
             return ext_proc.headers_skip_body(spoofed)
+        current = self._current()
+        limit = current[0].config.envoy.max_request_headers if current else None
+        if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
+            # Envoy would fail the request with a 500 once the router adds its headers.
+            metrics.BAD_REQUESTS.labels("too_many_headers").inc()
+            metrics.REQUESTS.labels("rejected").inc()
+            return ext_proc.immediate(openai_error(
+                431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
+                "request_header_fields_too_large"), {})
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
-            current = self._current()
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
                 return self._answer(None, current[0].default("invalid_body"), current[0], at_headers=True)

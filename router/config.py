@@ -167,8 +167,12 @@ class EnvoyConfig:
     router_address: str = "127.0.0.1"  # where Envoy reaches server.grpc_port
     max_request_bytes: int = 8 * 1024 * 1024  # Envoy's buffer for one request; above it: 413
     upstream_timeout_s: float = 300.0  # LLM responses stream for a long time
+    # Envoy's limit on request headers, also after the router's mutation: the router refuses
+    # (431) an LLM call that leaves it no room for its own headers, rather than let Envoy 500.
+    max_request_headers: int = 100
 
     def __post_init__(self):
+        _require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")
         for name in ("listen_port", "admin_port"):
             _require(1 <= getattr(self, name) <= 65535, name, "must be a port number")
         _require(self.max_request_bytes >= 1024, "max_request_bytes", "must be at least 1024")

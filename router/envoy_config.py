@@ -111,6 +111,7 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "llm_gateway",
+            "common_http_protocol_options": {"max_headers_count": e.max_request_headers},
             # One view of the path for Envoy, the router and the backends: RFC 3986 normalisation
             # (dot segments), merged slashes, escaped slashes decoded, before any filter runs.
             "normalize_path": True,
