@@ -170,8 +170,16 @@ class EnvoyConfig:
     # Envoy's limit on request headers, also after the router's mutation: the router refuses
     # (431) an LLM call that leaves it no room for its own headers, rather than let Envoy 500.
     max_request_headers: int = 100
+    # A client must have sent its whole request within this (a stalled upload holds up to
+    # max_request_bytes of Envoy's memory until then).
+    request_timeout_s: float = 60.0
+    # Envoy's heap bound for the overload manager: it resets the streams holding the most buffer
+    # from 85% and stops taking requests at 95%. Keep it under the Envoy container's memory limit.
+    max_heap_bytes: int = 384 * 1024 * 1024
 
     def __post_init__(self):
+        _require(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
+        _require(self.max_heap_bytes >= 64 * 1024 * 1024, "max_heap_bytes", "must be at least 64 MiB")
         _require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")
         for name in ("listen_port", "admin_port"):
             _require(1 <= getattr(self, name) <= 65535, name, "must be a port number")

@@ -111,7 +111,11 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "llm_gateway",
-            "common_http_protocol_options": {"max_headers_count": e.max_request_headers},
+            "common_http_protocol_options": {"max_headers_count": e.max_request_headers, "idle_timeout": "300s"},
+            # Bounded waits for a client: headers within 10 s, the whole request within
+            # request_timeout_s (then 408), so a stalled upload cannot hold its buffer forever.
+            "request_headers_timeout": "10s",
+            "request_timeout": f"{e.request_timeout_s:g}s",
             # One view of the path for Envoy, the router and the backends: RFC 3986 normalisation
             # (dot segments), merged slashes, escaped slashes decoded, before any filter runs.
             "normalize_path": True,
@@ -169,7 +173,10 @@ def render(config: RouterConfig) -> dict[str, Any]:
     }
     return {
         "admin": {"address": _address(e.admin_address, e.admin_port)},
+        # Envoy's memory is bounded by its heap, not by how many uploads clients leave half-sent.
         "overload_manager": {
+            "refresh_interval": "0.25s",
+            "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},  # track streams >= 1 MiB
             "resource_monitors": [
                 {
                     "name": "envoy.resource_monitors.global_downstream_max_connections",
@@ -177,8 +184,24 @@ def render(config: RouterConfig) -> dict[str, Any]:
                         "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
                         "max_active_downstream_connections": 50000,
                     },
-                }
-            ]
+                },
+                {
+                    "name": "envoy.resource_monitors.fixed_heap",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                        "max_heap_size_bytes": e.max_heap_bytes,
+                    },
+                },
+            ],
+            "actions": [
+                {"name": "envoy.overload_actions.reset_high_memory_stream",
+                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap",
+                               "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]},
+                {"name": "envoy.overload_actions.shrink_heap",
+                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.9}}]},
+                {"name": "envoy.overload_actions.stop_accepting_requests",
+                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.95}}]},
+            ],
         },
         "static_resources": {
             "listeners": [
