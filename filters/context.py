@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ class ImmediateReply:
 class RequestContext:
     path: str
     headers: dict[str, str]
-    body: dict[str, Any]
+    body: MutableMapping[str, Any]  # the parsed JSON object; members decode when first read
     requested_model: str | None
     prompt: str | None
     deadline: float  # time.monotonic() by which the answer must go back to Envoy

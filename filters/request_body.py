@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ class BadBody(ValueError):
 
 @dataclass
 class ParsedBody:
-    data: dict[str, Any]
+    data: MutableMapping[str, Any]  # a LazyObject: members decode when first read
     model: str | None
     prompt: str | None  # None: no user text to route on
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
@@ -66,15 +67,54 @@ def _text(raw: bytes) -> str:
         raise BadBody("not_utf8", "body is not UTF-8") from None
 
 
-def _members(text: str, stop_at: str | None = None):
-    """(key, value, start, end) of each top-level member of the JSON object `text`, in order;
-    with `stop_at`, stops after that key (values before it are still decoded)."""
+# Finding where a value ends without building it: C-speed regex scans, so a 4 MiB member the
+# router never reads costs milliseconds, not the ~100 ms (on the event loop) of decoding it.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_PLAIN = re.compile(r'[^"\[\]{}]*')  # a run with nothing structural: sre's fast character-class loop
+_SCALAR = re.compile(r"[^,}\]\s]+")
+
+
+def _value_end(text: str, i: int) -> int:
+    c = text[i : i + 1]
+    if c == '"':
+        m = _STRING.match(text, i)
+        if m is None:
+            raise ValueError("unterminated string")
+        return m.end()
+    if c in ("[", "{"):
+        depth, n = 0, len(text)
+        while True:
+            i = _PLAIN.match(text, i).end()
+            if i >= n:
+                raise ValueError("unbalanced brackets")
+            ch = text[i]
+            if ch == '"':
+                m = _STRING.match(text, i)
+                if m is None:
+                    raise ValueError("unterminated string")
+                i = m.end()
+                continue
+            depth += 1 if ch in "[{" else -1
+            i += 1
+            if depth == 0:
+                return i
+    m = _SCALAR.match(text, i)
+    if m is None:
+        raise ValueError("expected a value")
+    return m.end()
+
+
+def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, int]]:
+    """(key, start, end) of each top-level member's value in the JSON object `text`, in order,
+    without decoding the values; with `stop_at`, stops after that key."""
     i = _SPACE.match(text, 0).end()
     if text[i : i + 1] != "{":
         other = json.loads(text)  # not JSON at all (ValueError), or JSON of another kind
         raise BadBody("not_object", f"body is a JSON {type(other).__name__}, not an object")
     i = _SPACE.match(text, i + 1).end()
     if text[i : i + 1] == "}":
+        if _SPACE.match(text, i + 1).end() != len(text):
+            raise ValueError("data after the object")
         return
     while True:
         if text[i : i + 1] != '"':
@@ -84,8 +124,8 @@ def _members(text: str, stop_at: str | None = None):
         if text[i : i + 1] != ":":
             raise ValueError("expected ':'")
         start = _SPACE.match(text, i + 1).end()
-        value, end = _DECODER.raw_decode(text, start)
-        yield key, value, start, end
+        end = _value_end(text, start)
+        yield key, start, end
         if key == stop_at:
             return
         i = _SPACE.match(text, end).end()
@@ -98,6 +138,44 @@ def _members(text: str, stop_at: str | None = None):
         i = _SPACE.match(text, i + 1).end()
 
 
+def _decode(text: str, start: int, end: int) -> Any:
+    value, stop = _DECODER.raw_decode(text, start)
+    if stop != end:
+        raise ValueError("malformed value")
+    return value
+
+
+class LazyObject(MutableMapping):
+    """A request body's top-level object whose member values are decoded when first read (the
+    router reads only `model` and the prompt's members; a plugin may read any). A member that
+    turns out malformed, or repeats a key inside, raises ValueError when read."""
+
+    def __init__(self, text: str, spans: dict[str, tuple[int, int] | None]):
+        self._text = text
+        self._spans = spans
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._values:
+            span = self._spans[key]
+            self._values[key] = _decode(self._text, *span) if span else None
+        return self._values[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._spans.setdefault(key, None)
+        self._values[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._spans[key]
+        self._values.pop(key, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+
 def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
     # `model` comes first in practice, so encoding the text before it is cheap.
     b = len(text[:start].encode("utf-8"))
@@ -105,36 +183,38 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> ParsedBody:
-    """One pass over the body: strict UTF-8, one JSON object, no repeated key at any depth."""
+    """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
+    reads; members are decoded only when read (see LazyObject)."""
     text = _text(raw)
-    data: dict[str, Any] = {}
-    model_span = None
+    spans: dict[str, tuple[int, int] | None] = {}
     try:
-        for key, value, start, end in _members(text):
-            if key in data:
+        for key, start, end in _members(text):
+            if key in spans:
                 raise _DuplicateKey(key)
-            data[key] = value
-            if key == "model":
-                model_span = _byte_span(text, start, end)
+            spans[key] = (start, end)
+        data = LazyObject(text, spans)
+        model = data.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadBody("bad_model", "model is not a string")
+        prompt = extract_prompt(data, path, policy)
     except _DuplicateKey as dup:
         raise BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object") from None
     except BadBody:
         raise
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadBody("bad_model", "model is not a string")
-    return ParsedBody(data, model, extract_prompt(data, path, policy), model_span)
+    model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
+    return ParsedBody(data, model, prompt, model_span)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
-    """The top-level `model` of a body too large to parse whole, and its byte span: reads
-    members only up to `model` (first in practice). (None, None) when it cannot tell."""
+    """The top-level `model` of a body too large to parse whole, and its byte span: scans members
+    only up to `model` (first in practice). (None, None) when it cannot tell."""
     try:
         text = _text(raw)
-        for key, value, start, end in _members(text, stop_at="model"):
+        for key, start, end in _members(text, stop_at="model"):
             if key == "model":
+                value = _decode(text, start, end)
                 return (value, _byte_span(text, start, end)) if isinstance(value, str) else (None, None)
     except (BadBody, ValueError, RecursionError):
         pass

@@ -195,7 +195,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 # string valid JSON (a lone surrogate included).
                 if rewrite:
                     ctx.body["model"] = decision.model
-                new_body = json.dumps(ctx.body, separators=(",", ":")).encode()
+                new_body = json.dumps(dict(ctx.body), separators=(",", ":")).encode()
             elif rewrite:
                 new_body = with_model(ctx.raw, ctx.model_span, decision.model)
         if new_body is not None:

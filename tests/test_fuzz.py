@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import MutableMapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -39,9 +40,9 @@ def test_parser_returns_or_raises_badbody_only(raw, path, turns, system):
     try:
         parsed = parse_body(raw, path, RequestsConfig(prompt_turns=turns, include_system=system))
     except BadBody as bad:
-        assert bad.kind in {"empty", "not_json", "not_utf8", "not_object", "bad_model"}
+        assert bad.kind in {"empty", "not_json", "not_utf8", "not_object", "bad_model", "duplicate_key"}
         return
-    assert isinstance(parsed.data, dict)
+    assert isinstance(parsed.data, MutableMapping)
     assert parsed.prompt is None or (isinstance(parsed.prompt, str) and parsed.prompt.strip())
 
 
@@ -120,8 +121,11 @@ def test_model_rewrite_keeps_numbers_escapes_and_lone_surrogates():
 
 
 @given(raw=st.sampled_from([b'{"model":"a","model":"b"}', b'{"messages":[{"role":"user","role":"system"}]}',
-                            b'{"a":{"x":1,"x":2}}']))
-def test_repeated_keys_at_any_depth_are_refused(raw):
+                            b'{"messages":[{"role":"user","content":[{"type":"text","type":"image"}]}]}',
+                            b'{"a":1,"messages":[],"a":{"x":1}}']))
+def test_repeated_keys_where_the_router_reads_are_refused(raw):
+    # At the top level and in every member the router reads; a member it never reads is not
+    # decoded, so the router's decision cannot depend on which copy a backend takes.
     try:
         parse_body(raw, "/v1/chat/completions")
     except BadBody as bad:
@@ -140,3 +144,10 @@ def test_only_utf8_is_accepted():
             assert bad.kind in ("not_utf8", "not_json")
         else:
             raise AssertionError(f"{encoding} body accepted")
+
+
+def test_members_the_router_does_not_read_are_not_decoded_until_read():
+    raw = b'{"model":"auto","x":[' + b",".join([b"1.5e3"] * 50000) + b'],"messages":[{"role":"user","content":"hi"}]}'
+    parsed = parse_body(raw, "/v1/chat/completions")
+    assert parsed.prompt == "hi" and "x" not in parsed.data._values  # skipped, never built
+    assert parsed.data["x"][:2] == [1500.0, 1500.0] and list(parsed.data) == ["model", "x", "messages"]
