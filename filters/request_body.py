@@ -30,6 +30,9 @@ class BadBody(ValueError):
         super().__init__(message)
         self.kind = kind
 
+    def __reduce__(self):  # crosses from the body-parsing worker process intact
+        return BadBody, (self.kind, str(self))
+
 
 @dataclass
 class ParsedBody:
@@ -150,15 +153,17 @@ class LazyObject(MutableMapping):
     router reads only `model` and the prompt's members; a plugin may read any). A member that
     turns out malformed, or repeats a key inside, raises ValueError when read."""
 
-    def __init__(self, text: str, spans: dict[str, tuple[int, int] | None]):
-        self._text = text
+    def __init__(self, text: str | bytes, spans: dict[str, tuple[int, int] | None]):
+        self._source = text  # bytes: decoded on the first read (spans index the decoded text)
         self._spans = spans
         self._values: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._values:
             span = self._spans[key]
-            self._values[key] = _decode(self._text, *span) if span else None
+            if isinstance(self._source, bytes):
+                self._source = self._source.decode("utf-8")
+            self._values[key] = _decode(self._source, *span) if span else None
         return self._values[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -205,6 +210,25 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) 
         raise BadBody("not_json", "body is not JSON") from None
     model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
     return ParsedBody(data, model, prompt, model_span)
+
+
+@dataclass
+class BodySummary:
+    """What a worker process that parsed a body sends back: small, whatever the body's size."""
+
+    model: str | None
+    prompt: str | None
+    model_span: tuple[int, int] | None
+    spans: dict[str, tuple[int, int] | None]
+
+
+def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> BodySummary:
+    parsed = parse_body(raw, path, policy)
+    return BodySummary(parsed.model, parsed.prompt, parsed.model_span, parsed.data._spans)
+
+
+def from_summary(raw: bytes, summary: BodySummary) -> ParsedBody:
+    return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.prompt, summary.model_span)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:

@@ -14,10 +14,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from filters import ext_proc
+from filters.body_parser import BodyParser
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from filters.request_body import BadBody, parse_body, peek_model, with_model
+from filters.request_body import BadBody, peek_model, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
@@ -61,6 +62,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # The engine and its chain come as one snapshot per request: a config reload swaps the
         # pair without touching requests in flight.
         self._current = current
+        self._bodies = BodyParser()
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
@@ -132,7 +134,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             decision = engine.default("invalid_body")
         else:
             try:
-                parsed = parse_body(raw, stream.path, engine.config.requests)
+                parsed = await self._bodies.parse(raw, stream.path, engine.config.requests)
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from filters.request_body import BadBody, parse_body
+from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
 
@@ -111,3 +112,29 @@ def test_anthropic_system_and_responses_instructions():
     assert parse_body(body(anthropic), "/v1/messages", policy).prompt == "be terse\nhello"
     responses = {"model": "auto", "instructions": "answer in French", "input": "hi"}
     assert parse_body(body(responses), "/v1/responses", policy).prompt == "answer in French\nhi"
+
+
+def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
+    import asyncio
+
+    from filters.body_parser import BodyParser
+
+    filler = ",".join(["1.25e3"] * 60000)
+    good = ('{"model":"auto","x":[%s],"messages":[{"role":"user","content":"solve 2x = 4"}]}' % filler).encode()
+    dup = ('{"model":"auto","x":[%s],"model":"code-model"}' % filler).encode()
+
+    async def main():
+        parser = BodyParser(inline_limit=1024)
+        try:
+            parsed = await parser.parse(good, "/v1/chat/completions", RequestsConfig())
+            assert parser._pool is not None  # it went to the worker
+            inline = parse_body(good, "/v1/chat/completions")
+            assert (parsed.model, parsed.prompt, parsed.model_span) == (inline.model, inline.prompt, inline.model_span)
+            assert parsed.data["x"][0] == 1250.0 and list(parsed.data) == ["model", "x", "messages"]
+            with pytest.raises(BadBody) as bad:  # the kind crosses the process boundary
+                await parser.parse(dup, "/v1/chat/completions", RequestsConfig())
+            assert bad.value.kind == "duplicate_key"
+        finally:
+            parser.close()
+
+    asyncio.run(main())

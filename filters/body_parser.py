@@ -1,0 +1,43 @@
+"""Parses request bodies; a large one in a worker process, so the event loop never spends the
+10-100 ms that reading a multi-MiB body takes while other requests wait behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from filters.request_body import ParsedBody, from_summary, parse_body, summarize
+from router.config import RequestsConfig
+
+log = logging.getLogger(__name__)
+
+INLINE_LIMIT = 256 * 1024  # below this, parsing takes about a millisecond: not worth a hop
+
+
+class BodyParser:
+    def __init__(self, inline_limit: int = INLINE_LIMIT):
+        self.inline_limit = inline_limit
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def parse(self, raw: bytes, path: str, policy: RequestsConfig) -> ParsedBody:
+        """ParsedBody, or BadBody for an unusable body (as parse_body)."""
+        if len(raw) <= self.inline_limit:
+            return parse_body(raw, path, policy)
+        if self._pool is None:
+            # spawn, not fork: the router process runs threads (torch's among them).
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            summary = await asyncio.get_running_loop().run_in_executor(self._pool, summarize, raw, path, policy)
+        except BrokenProcessPool:  # the worker died (killed, out of memory): a new one next time
+            log.warning("body parser process died; parsing this body in-process")
+            self._pool = None
+            return parse_body(raw, path, policy)
+        return from_summary(raw, summary)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
