@@ -59,17 +59,13 @@ class BatchCostModel:
 def _fit(s: list[float]) -> tuple[float, float]:
     w, sx, sxx, sy, sxy = s
     det = w * sxx - sx * sx
-    mean_y = sy / w
-    # Batches all of one size (an idle router sees only singles) pin no slope: the whole cost
-    # is then taken as proportional to size, which errs towards predicting too much, not too little.
-    if det <= 1e-9 * max(1.0, w * sxx):
-        mean_x = sx / w
-        return 0.0, (mean_y / mean_x if mean_x > 0 else 0.0)
+    mean_x, mean_y = sx / w, sy / w
+    # The whole cost taken as proportional to size: errs towards predicting too much, not too little.
+    proportional = (0.0, mean_y / mean_x if mean_x > 0 else 0.0)
+    if det <= 1e-9 * max(1.0, w * sxx):  # batches all of one size (an idle router sees singles) pin no slope
+        return proportional
     per_token = (w * sxy - sx * sy) / det
     fixed = (sy - per_token * sx) / w
     if per_token < 0:  # noise can tilt the line; a batch never gets cheaper with more tokens
         return mean_y, 0.0
-    if fixed < 0:
-        mean_x = sx / w
-        return 0.0, mean_y / mean_x if mean_x > 0 else 0.0
-    return fixed, per_token
+    return proportional if fixed < 0 else (fixed, per_token)

@@ -161,9 +161,10 @@ class BatchQueue:
             late: list[WorkItem] = []
             if cost is not None and cost.ready:
                 # Even alone it would answer too late: refuse now rather than compute for nobody.
-                late = [i for i in live if now + cost.predict(i.n_tokens) + margin > i.deadline]
-                if late:
-                    live = [i for i in live if now + cost.predict(i.n_tokens) + margin <= i.deadline]
+                keep: list[WorkItem] = []
+                for i in live:
+                    (late if now + cost.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
+                live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0
             if live:
