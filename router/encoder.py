@@ -138,15 +138,11 @@ class SentenceEncoder:
             # and each re-take can wait a whole switch interval (5 ms) behind the busy event loop.
             with torch.inference_mode():
                 return self._traced(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-        features = {
-            "input_ids": torch.from_numpy(ids).to(self.device, non_blocking=True),
-            "attention_mask": torch.from_numpy(mask).to(self.device, non_blocking=True),
-        }
+        ids_t = torch.from_numpy(ids).to(self.device, non_blocking=True)
+        mask_t = torch.from_numpy(mask).to(self.device, non_blocking=True)
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
-            emb = self.model(features)["sentence_embedding"]
-            emb = torch.nn.functional.normalize(emb.float(), dim=-1)
             # The only device->host copy (and sync) per batch.
-            return emb.cpu().numpy()
+            return sentence_embeddings(self.model, ids_t, mask_t).cpu().numpy()
 
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Embed directly, bypassing the batcher: offline work (CLI, eval, tests) only. Never call
@@ -174,6 +170,14 @@ class SentenceEncoder:
             self._torch.cuda.synchronize()
 
 
+def sentence_embeddings(model, input_ids, attention_mask):
+    """Unit-length float32 sentence embeddings: what every path (eager, traced) returns."""
+    import torch
+
+    emb = model({"input_ids": input_ids, "attention_mask": attention_mask})["sentence_embedding"]
+    return torch.nn.functional.normalize(emb.float(), dim=-1)
+
+
 def trace(model, pad_id: int, max_seq_length: int):
     """The model as one TorchScript graph, or None where tracing fails or changes the output.
 
@@ -190,8 +194,7 @@ def trace(model, pad_id: int, max_seq_length: int):
             self.model = model
 
         def forward(self, input_ids, attention_mask):
-            emb = self.model({"input_ids": input_ids, "attention_mask": attention_mask})["sentence_embedding"]
-            return torch.nn.functional.normalize(emb.float(), dim=-1)
+            return sentence_embeddings(self.model, input_ids, attention_mask)
 
     def inputs(n: int, length: int):
         ids = torch.full((n, length), pad_id + 1, dtype=torch.int64)
@@ -206,9 +209,7 @@ def trace(model, pad_id: int, max_seq_length: int):
             traced = torch.jit.freeze(torch.jit.trace(Forward().eval(), inputs(2, 16), check_trace=False, strict=False))
             for n, length in ((1, 3), (3, 16), (5, 41), (2, max_seq_length)):
                 ids, mask = inputs(n, length)
-                got = traced(ids, mask)
-                want = model({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
-                want = torch.nn.functional.normalize(want.float(), dim=-1)
+                got, want = traced(ids, mask), sentence_embeddings(model, ids, mask)
                 if got.shape != want.shape or not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
                     log.warning("torchscript trace differs from the eager model; running eager")
                     return None
