@@ -33,8 +33,8 @@ def detect(proc: Path = Path("/proc/self"), root: Path = Path("/")) -> CpuBudget
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quotas: list[tuple[float, str]] = []
     try:
-        cgroups = _read(proc / "cgroup")
-        mounts = _read(proc / "mountinfo")
+        cgroups = (proc / "cgroup").read_text()
+        mounts = (proc / "mountinfo").read_text()
     except OSError:  # not Linux, or no /proc: the affinity mask is all we know
         return CpuBudget(affinity, None, "affinity")
     for version, directory in _cpu_cgroup_dirs(cgroups, mounts, root):
@@ -46,10 +46,6 @@ def detect(proc: Path = Path("/proc/self"), root: Path = Path("/")) -> CpuBudget
     quota, source = min(quotas)
     budget = CpuBudget(affinity, quota, source)
     return budget if budget.cpus < affinity else CpuBudget(affinity, quota, "affinity")
-
-
-def _read(path: Path) -> str:
-    return path.read_text()
 
 
 def _cpu_cgroup_dirs(cgroups: str, mountinfo: str, root: Path) -> list[tuple[str, Path]]:
@@ -100,8 +96,8 @@ def _quota_along(directory: Path, version: str) -> float | None:
 
 def _quota_v1(d: Path) -> float | None:
     try:
-        quota = int(_read(d / "cpu.cfs_quota_us"))
-        period = int(_read(d / "cpu.cfs_period_us"))
+        quota = int((d / "cpu.cfs_quota_us").read_text())
+        period = int((d / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
     return quota / period if quota > 0 and period > 0 else None
@@ -109,7 +105,7 @@ def _quota_v1(d: Path) -> float | None:
 
 def _quota_v2(d: Path) -> float | None:
     try:
-        limit, _, period = _read(d / "cpu.max").partition(" ")
+        limit, _, period = (d / "cpu.max").read_text().partition(" ")
     except OSError:
         return None
     if limit.strip() == "max":

@@ -118,7 +118,7 @@ class SentenceEncoder:
         if self._tuner is None:
             return self._embed(token_ids, longest)
         padded = longest * len(token_ids)
-        threads = self._tuner.choose(padded)
+        threads = self._tuner.choose()
         self._set_threads(threads)
         t0 = time.perf_counter()
         out = self._embed(token_ids, longest)

@@ -53,7 +53,8 @@ class ThreadTuner:
         self._next_explore = clock() + explore_min_s
         self._exploring: int | None = None
 
-    def choose(self, padded_tokens: int) -> int:
+    def choose(self) -> int:
+        """The count to run the next batch with."""
         if len(self.candidates) > 1 and self._cost.ready and self._clock() >= self._next_explore:
             others = [c for c in self.candidates if c != self.current]
             pending = self._first_win[0] if self._first_win else None

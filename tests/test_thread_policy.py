@@ -72,7 +72,7 @@ def run(tuner: ThreadTuner, clock: Clock, seconds_per_token: dict[int, float], b
     chosen = []
     for i in range(batches):
         padded = (100 if tuner.current == tuner.candidates[0] else 400) + 10 * (i % 5)
-        n = tuner.choose(padded)
+        n = tuner.choose()
         tuner.record(n, padded, 0.005 + seconds_per_token[n] * padded)
         clock.t += 0.05
         chosen.append(n)
