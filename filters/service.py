@@ -42,6 +42,12 @@ def canonical_path(path: str) -> str:
     return re.sub("/+", "/", path).rstrip("/").lower()
 
 
+def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
+    """An OpenAI-style error straight from the gateway; the request reaches no backend."""
+    metrics.REQUESTS.labels("rejected").inc()
+    return ext_proc.immediate(openai_error(status, message, code), {})
+
+
 class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
@@ -55,6 +61,10 @@ class _Stream:
         self.method = ""
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []  # chunks; BUFFERED mode sends one, joined without a copy
+
+    @property
+    def llm_call(self) -> bool:
+        return self.method == "POST" and self.path.endswith(LLM_PATHS)
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -70,7 +80,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 yield self._on_headers(request.request_headers, stream)
-                if request.request_headers.end_of_stream and stream.method == "POST" and stream.path.endswith(LLM_PATHS):
+                if request.request_headers.end_of_stream and stream.llm_call:
                     return  # no body: answered at the headers phase
             elif kind == "request_body":
                 chunk = request.request_body
@@ -92,7 +102,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         spoofed = any(name in h for name in ext_proc.ROUTER_HEADERS)
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
-        if stream.method != "POST" or not stream.path.endswith(LLM_PATHS):
+        if not stream.llm_call:
             metrics.REQUESTS.labels("not_processed").inc()
             return ext_proc.headers_skip_body(spoofed)
         current = self._current()
@@ -100,10 +110,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
             # Envoy would fail the request with a 500 once the router adds its headers.
             metrics.BAD_REQUESTS.labels("too_many_headers").inc()
-            metrics.REQUESTS.labels("rejected").inc()
-            return ext_proc.immediate(openai_error(
-                431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
-                "request_header_fields_too_large"), {})
+            return _refuse(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
+                           "request_header_fields_too_large")
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
@@ -139,8 +147,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
                 if bad.kind == "duplicate_key":  # ambiguous to backends: refused, never forwarded
-                    metrics.REQUESTS.labels("rejected").inc()
-                    return ext_proc.immediate(openai_error(400, f"Invalid request body: {bad}", "duplicate_key"), {})
+                    return _refuse(400, f"Invalid request body: {bad}", "duplicate_key")
                 decision = engine.default("invalid_body")
             else:
                 ctx = RequestContext(
