@@ -132,7 +132,7 @@ async def open_loop(submit, texts: list[str], rate: float, duration: float, seed
             "offered_rps": round(rate, 1)}
 
 
-def _median_row(trials: list[dict]) -> dict:
+def median_row(trials: list[dict]) -> dict:
     """The trial with the median throughput, plus every trial's throughput for the record."""
     ordered = sorted(trials, key=lambda r: r["throughput_rps"])
     return {**ordered[len(ordered) // 2], "trials_rps": [r["throughput_rps"] for r in trials]}
@@ -163,9 +163,9 @@ async def run_workload(
         trials["unbatched_c64"].append(await unbatched())
         async with running_batcher(enc, settings) as (submit, stats):
             trials["batcher_c64"].append({**await closed_loop(submit, texts, 64, n), **stats.summary()})
-    ceil = _median_row(trials["ceiling"])
-    naive = _median_row(trials["unbatched_c64"])
-    c64_row = _median_row(trials["batcher_c64"])
+    ceil = median_row(trials["ceiling"])
+    naive = median_row(trials["unbatched_c64"])
+    c64_row = median_row(trials["batcher_c64"])
 
     single = await on_own_thread(single_latency, enc, texts)
     rows = [{"workload": name, "scenario": "ceiling", **ceil},

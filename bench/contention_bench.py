@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.batcher_bench import closed_loop
+from bench.batcher_bench import closed_loop, median_row
 from bench.ext_proc_bench import ExtProcClient, start_router
 from bench.report import emit
 from bench.workloads import short_prompts
@@ -103,9 +103,7 @@ def _label(threads: int | None) -> str:
 
 
 def _median(rows: list[dict]) -> dict:
-    ordered = sorted(rows, key=lambda r: r["throughput_rps"])
-    return {**ordered[len(ordered) // 2], "trials_rps": [r["throughput_rps"] for r in rows],
-            "worst_fallback_share": max(r["fallback_share"] or 0 for r in rows)}
+    return {**median_row(rows), "worst_fallback_share": max(r["fallback_share"] or 0 for r in rows)}
 
 
 async def scenario_neighbour(args, workdir: Path) -> tuple[list[dict], dict]:

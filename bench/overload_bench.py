@@ -90,15 +90,17 @@ def model_side(before: dict, after: dict) -> dict:
     """What the model did meanwhile, from the router's own metrics."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     batches = d.get("semantic_router_batch_size_count", 0)
-    threads = {k.split('"')[1]: int(v) for k, v in d.items() if k.startswith("semantic_router_model_thread_batches_total")}
+
+    def by_label(metric: str) -> dict[str, int]:  # one-label counter: label value -> increase
+        return {k.split('"')[1]: int(v) for k, v in d.items() if k.startswith(metric + "{") and v}
+
     return {
         "mean_batch": round(d.get("semantic_router_batch_size_sum", 0) / batches, 1) if batches else None,
         "batches": int(batches),
         "mean_batch_ms": round(1000 * d.get("semantic_router_inference_seconds_sum", 0) / batches, 1) if batches else None,
-        "batches_by_threads": threads,
+        "batches_by_threads": by_label("semantic_router_model_thread_batches_total"),
         "max_loop_lag_ms": after.get("semantic_router_event_loop_lag_max_seconds", 0) * 1000,
-        "batcher_dropped": {k.split('"')[1]: int(v) for k, v in d.items()
-                            if k.startswith("semantic_router_batcher_dropped_total") and v},
+        "batcher_dropped": by_label("semantic_router_batcher_dropped_total"),
     }
 
 
