@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 
 import grpc
@@ -22,6 +23,17 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def config():
     return parse_config({**CONFIG, "server": {"grpc_port": 0, "metrics_port": 0, "deadline_ms": 5000,
                                               "shutdown_grace_s": 5, "shutdown_delay_s": 1.0}})
+
+
+@contextlib.asynccontextmanager
+async def serving():
+    """A started RouterServer on a fake model, stopped on exit."""
+    server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 async def health(port: int) -> int:
@@ -87,32 +99,23 @@ def test_start_up_objects_are_frozen_out_of_the_collector_but_the_engine_is_not(
     # Full collections over torch's objects stalled the model thread ~190 ms; a reload's old
     # engine must still be collectable, so it is built after the freeze.
     async def main():
-        server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
-        await server.start()
-        try:
+        async with serving() as server:
             collectable = gc.get_objects()  # everything the collector still scans (not the frozen)
             assert gc.get_freeze_count() > 0
             assert not any(o is server.backend for o in collectable)
             assert any(o is server.engine for o in collectable)
-        finally:
-            await server.stop()
 
     asyncio.run(main())
 
 
 def test_a_second_router_cannot_share_a_running_routers_port():
     async def main():
-        first = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
-        await first.start()
-        cfg = config()
-        taken = parse_config({**CONFIG, "server": {"grpc_port": first.grpc_port, "metrics_port": 0}})
-        second = RouterServer(taken, None, backend_factory=lambda cfg: FakeBackend())
-        try:
+        async with serving() as first:
+            taken = parse_config({**CONFIG, "server": {"grpc_port": first.grpc_port, "metrics_port": 0}})
+            second = RouterServer(taken, None, backend_factory=lambda cfg: FakeBackend())
             with pytest.raises(PortInUse, match=f"grpc port {first.grpc_port} is already in use"):
                 await second.start()
-        finally:
-            await first.stop()
-        assert cfg  # the first kept serving until stopped
+            assert await health(first.grpc_port) == SERVING  # the first one keeps serving
 
     asyncio.run(main())
 
@@ -121,12 +124,8 @@ def test_health_command_reports_serving_for_probes():
     from router.cli import main as cli
 
     async def main():
-        server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
-        await server.start()
-        try:
+        async with serving() as server:
             ok = await asyncio.to_thread(cli, ["health", "--address", f"127.0.0.1:{server.grpc_port}"])
-        finally:
-            await server.stop()
         gone = await asyncio.to_thread(cli, ["health", "--address", f"127.0.0.1:{server.grpc_port}", "--timeout", "0.5"])
         assert (ok, gone) == (0, 1)
 
