@@ -10,12 +10,8 @@ import time
 
 import httpx
 import pytest
-import yaml
 
-from devstack import envoy_bootstrap
-from devstack.stack import ROOT, Stack, StackPorts
-from router.config import load_config
-from router.envoy_config import render_yaml
+from tests.integration.conftest import stack_with
 
 POD_LIMIT_MB = 512  # deploy/kubernetes/base/deployment.yaml, the envoy container
 REQUEST_TIMEOUT_S = 5
@@ -23,16 +19,11 @@ REQUEST_TIMEOUT_S = 5
 
 @pytest.fixture(scope="module")
 def bounded_stack(tmp_path_factory, envoy_binary):
-    work = tmp_path_factory.mktemp("uploads")
-    cfg = yaml.safe_load((ROOT / "router.yaml").read_text())
-    cfg["envoy"]["request_timeout_s"] = REQUEST_TIMEOUT_S  # the shipped 60 s, shortened for the test
-    (work / "router.yaml").write_text(yaml.safe_dump(cfg))
-    (work / "envoy.yaml").write_text(render_yaml(load_config(work / "router.yaml")))
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(work / "envoy.yaml")))
-    s = Stack(work, ports, router_config=work / "router.yaml", envoy_config=work / "envoy.yaml")
-    s.start()
-    yield s
-    s.stop()
+    def shorten(config):  # the shipped 60 s, shortened for the test
+        config["envoy"]["request_timeout_s"] = REQUEST_TIMEOUT_S
+
+    with stack_with(tmp_path_factory.mktemp("uploads"), shorten, render_envoy=True) as s:
+        yield s
 
 
 def rss_mb(pid: int) -> int:
