@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -104,12 +104,18 @@ def test_concurrent_requests_are_batched_and_visible_in_metrics(stack):
     before = scrape(stack.metrics_url)
     prompts = [f"please solve equation number {i}: {i}x + {uuid.uuid4().int % 97} = 3" for i in range(96)]
 
-    def one(p):
-        return httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
-                          json={"model": "auto", "messages": [{"role": "user", "content": p}]})
+    # 32 concurrent clients on one event loop: 32 client threads in this process (which also runs
+    # the mock backends) took enough of the 2 cores to starve the router into fallbacks.
+    async def send_all():
+        slots = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as client:
+            async def one(p):
+                async with slots:
+                    return await client.post(f"{stack.url}/v1/chat/completions",
+                                             json={"model": "auto", "messages": [{"role": "user", "content": p}]})
+            return await asyncio.gather(*(one(p) for p in prompts))
 
-    with ThreadPoolExecutor(32) as pool:
-        responses = list(pool.map(one, prompts))
+    responses = asyncio.run(send_all())
     assert all(r.status_code == 200 for r in responses)
     after = scrape(stack.metrics_url)
     batches = metric(after, "semantic_router_batch_size_count") - metric(before, "semantic_router_batch_size_count")
