@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test tools test-unit test-integration bench bench-contention soak clinc150 clean
+.PHONY: run test tools test-unit test-integration bench bench-contention bench-edge soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ bench-contention: $(STAMP)
 	mkdir -p build
 	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
+
+# Large request bodies beside normal traffic; Envoy's memory under stalled uploads.
+bench-edge: $(STAMP)
+	mkdir -p build
+	$(PY) -m bench.large_body_bench --out build/bench-large-body.json
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.stalled_uploads --out build/bench-stalled.json
 
 soak: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,7 +12,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import grpc
 import yaml
@@ -19,6 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import envoy_bootstrap
 from devstack.mock_backend import MockBackends
+from router.config import load_config
+from router.envoy_config import render_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,3 +197,23 @@ class Stack:
         if not path.exists():
             return "(no log captured)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def stack_with(workdir: Path, change: Callable[[dict], None], render_envoy: bool = False) -> Iterator[Stack]:
+    """A private stack on router.yaml as `change` edits it; with `render_envoy`, Envoy's config is
+    rendered from the edited file too (else the committed envoy.yaml)."""
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    change(config)
+    (workdir / "router.yaml").write_text(yaml.safe_dump(config))
+    envoy_config = ROOT / "envoy.yaml"
+    if render_envoy:
+        envoy_config = workdir / "envoy.yaml"
+        envoy_config.write_text(render_yaml(load_config(workdir / "router.yaml")))
+    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(envoy_config)))
+    s = Stack(workdir, ports, router_config=workdir / "router.yaml", envoy_config=envoy_config)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()

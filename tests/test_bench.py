@@ -44,3 +44,16 @@ def test_latency_bound_simulation_batches_what_queued():
     busy = simulate(costs, rate_per_s=0.8 * 64 / 0.074, cap=64, seconds=60)
     assert busy["mean_batch"] > 4 and busy["p99_ms"] > busy["p50_ms"] > 10.0
     assert simulate(costs, rate_per_s=200.0, cap=1, seconds=10)["p99_ms"] > 1000
+
+
+def test_large_body_bench_runs_both_phases(tmp_path):
+    out = tmp_path / "large.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    quiet, busy = result["rows"]
+    assert quiet["throughput_rps"] > 0 and busy["throughput_rps"] > 0 and busy["large_bodies_per_s"] > 0
+    assert len(result["checks"]) == 1

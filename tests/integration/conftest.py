@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import urllib.request
-from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-import yaml
 
 from devstack import envoy_bootstrap
 from devstack.stack import ROOT, Stack, StackPorts
-from router.config import load_config
-from router.envoy_config import render_yaml
 
 
 def pytest_collection_modifyitems(items):
@@ -39,26 +33,6 @@ def stack(tmp_path_factory, envoy_binary):
     s.start()
     yield s
     s.stop()
-
-
-@contextlib.contextmanager
-def stack_with(workdir: Path, change: Callable[[dict], None], render_envoy: bool = False) -> Iterator[Stack]:
-    """A private stack on router.yaml as `change` edits it; with `render_envoy`, Envoy's config is
-    rendered from the edited file too (else the committed envoy.yaml)."""
-    config = yaml.safe_load((ROOT / "router.yaml").read_text())
-    change(config)
-    (workdir / "router.yaml").write_text(yaml.safe_dump(config))
-    envoy_config = ROOT / "envoy.yaml"
-    if render_envoy:
-        envoy_config = workdir / "envoy.yaml"
-        envoy_config.write_text(render_yaml(load_config(workdir / "router.yaml")))
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(envoy_config)))
-    s = Stack(workdir, ports, router_config=workdir / "router.yaml", envoy_config=envoy_config)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def scrape(url: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.conftest import stack_with
+from devstack.stack import stack_with
 
 SPELLINGS = [
     "/v1/chat/completions", "/v1/chat/%63ompletions", "/v1/%63hat/completions?a=b", "/v1/chat/completions/",
