@@ -4,10 +4,11 @@ Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and 
 """
 
 from batching.backend import Backend
-from batching.batcher import BatcherSettings, ContinuousBatcher
+from batching.batcher import ContinuousBatcher
 from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
+from batching.settings import BatcherSettings, SettingError
 
 __all__ = [
     "Backend",
@@ -20,5 +21,6 @@ __all__ = [
     "DeadlineExceeded",
     "NullObserver",
     "Overloaded",
+    "SettingError",
     "WouldMissDeadline",
 ]

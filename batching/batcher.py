@@ -19,7 +19,6 @@ import math
 import queue as stdqueue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -29,24 +28,11 @@ from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.queue import Batch, BatchQueue, WorkItem
+from batching.settings import BatcherSettings
 
 log = logging.getLogger(__name__)
 
 _TOKENIZE_CHUNK = 512
-
-
-@dataclass(frozen=True)
-class BatcherSettings:
-    max_batch_size: int = 64
-    max_batch_tokens: int = 16384  # padded: longest sequence x batch size
-    max_queue_requests: int = 2048
-    max_queue_tokens: int = 262144
-    window: int = 256  # oldest requests among which batches are sorted by length
-    max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
-    max_wait_s: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
-    # Time an embedding needs after its batch to reach the caller, on top of the measured delay
-    # of the event loop in running the settling callback; deadline checks keep both in hand.
-    answer_margin_s: float = 0.005
 
 
 class ContinuousBatcher:
@@ -54,7 +40,7 @@ class ContinuousBatcher:
         self.backend = backend
         self.settings = settings
         self.observer = observer or NullObserver()
-        self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.window)
+        self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.sort_window)
         self._inbox: stdqueue.SimpleQueue[list[WorkItem] | None] = stdqueue.SimpleQueue()
         self._arrivals: list[WorkItem] = []  # this loop iteration's submissions, handed over together
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -22,8 +22,8 @@ from batching import BatcherSettings, ContinuousBatcher
 from bench.report import emit, latency_stats
 from bench.workloads import WORKLOADS
 from router.config import EncoderConfig
-from router.encoder import SentenceEncoder
-from router.torch_threads import on_own_thread
+from model.encoder import SentenceEncoder
+from model.torch_threads import on_own_thread
 
 FAR = 3600.0
 

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import grpc
@@ -85,7 +84,7 @@ def start_router(
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--config", str(cfg), "--grpc-port", str(port),
+        [sys.executable, "-m", "app", "serve", "--config", str(cfg), "--grpc-port", str(port),
          "--metrics-port", str(metrics_port or free_port()), "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT,
         preexec_fn=join_cgroup if cgroup is not None else None,

@@ -23,8 +23,8 @@ import numpy as np
 from bench.report import emit, latency_stats
 from bench.workloads import short_prompts
 from router.config import EncoderConfig
-from router.encoder import SentenceEncoder
-from router.torch_threads import on_own_thread
+from model.encoder import SentenceEncoder
+from model.torch_threads import on_own_thread
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -29,7 +29,7 @@ from bench.report import emit
 from devstack import envoy_bootstrap
 from devstack.stack import ROOT, free_port
 from router.config import load_config
-from router.envoy_config import render
+from extproc.envoy_config import render
 
 GOOD = ("matched", "default")
 

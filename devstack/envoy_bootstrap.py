@@ -11,7 +11,7 @@ from typing import Mapping
 
 import yaml
 
-from router.envoy_config import ROUTER_CLUSTER
+from extproc.envoy_config import ROUTER_CLUSTER
 
 
 def find_envoy() -> str:

@@ -11,7 +11,7 @@ from typing import Mapping
 
 from aiohttp import web
 
-from filters.request_body import peek_model
+from extproc.request_body import peek_model
 
 NAME = web.AppKey("name", str)
 

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from devstack import envoy_bootstrap
 from devstack.mock_backend import MockBackends
 from router.config import load_config
-from router.envoy_config import render_yaml
+from extproc.envoy_config import render_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,7 @@ class Stack:
 
     def start_router(self, timeout: float = 180.0) -> None:
         cmd = [
-            sys.executable, "-m", "router", "serve",
+            sys.executable, "-m", "app", "serve",
             "--config", str(self.router_config),
             "--grpc-port", str(self.ports.router_grpc),
             "--metrics-port", str(self.ports.router_metrics),

@@ -1,1 +1,1 @@
-"""The Envoy-facing side: the ext_proc gRPC service and its chain of request filters."""
+"""The request filter chain: what a request looks like to a filter, the built-in filters, plugin loading."""

@@ -10,9 +10,8 @@ from typing import Literal
 
 import numpy as np
 
-from batching import BatcherError
 from filters.context import ImmediateReply, RequestContext
-from router.engine import RoutingEngine
+from router.engine import RoutingEngine, RoutingUnavailable
 from router.settings_loader import FieldError, build
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ class SemanticRoute:
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.decision is None:
             if ctx.prompt is None:
-                ctx.decision = ctx.engine.default("no_prompt")
+                ctx.decision = ctx.engine.default(ctx.unread or "no_prompt")
             else:
                 ctx.decision = await ctx.engine.decide(ctx.prompt, ctx.deadline, ctx.embedding)
 
@@ -108,8 +107,8 @@ class PromptGuardSettings:
 class PromptGuard:
     """Blocks (403) or tags prompts whose embedding is close to a blocked exemplar.
 
-    Uses the same prompt embedding as routing (computed once). Fails open: if the embedding is
-    not available in time the request is routed as usual and counted by the batcher's metrics.
+    Uses the same prompt embedding as routing (computed once). Fails open: without an embedding
+    (overload, deadline, shutdown, a model error) the request is routed as usual, which reports why.
     """
 
     name = "prompt_guard"
@@ -129,7 +128,7 @@ class PromptGuard:
             return
         try:
             embedding = await ctx.embedding()
-        except BatcherError:
+        except RoutingUnavailable:  # overload, deadline, shutdown or a model failure: fail open
             return
         score = float((self._exemplars @ embedding).max())
         if score < self.settings.threshold:

@@ -53,6 +53,13 @@ class FilterChain:
             raise ValueError(f"filter_settings.{unused[0]}: no such filter in `filters`")
         return cls([found[n]()(settings.get(n) or {}) for n in names])
 
+    @classmethod
+    async def for_engine(cls, engine: RoutingEngine) -> "FilterChain":
+        """The chain `engine`'s config names, set up against that engine, ready to serve beside it."""
+        chain = cls.from_config(engine.config.filters, engine.config.filter_settings)
+        await chain.setup(engine)
+        return chain
+
     async def setup(self, engine: RoutingEngine) -> None:
         for f in self.filters:
             hook = getattr(f, "setup", None)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from router.classifier import Decision
-from router.engine import RoutingEngine
+from router.engine import RoutingEngine, RoutingUnavailable
 
 
 @dataclass
@@ -31,6 +31,9 @@ class RequestContext:
     deadline: float  # time.monotonic() by which the answer must go back to Envoy
     engine: RoutingEngine
     body_bytes: int = 0
+    # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
+    # `requested_model` what could be peeked at.
+    unread: str | None = None
     raw: bytes = b""  # the body as the client sent it
     model_span: tuple[int, int] | None = None  # where its top-level `model` value sits in `raw`
     decision: Decision | None = None
@@ -38,10 +41,16 @@ class RequestContext:
     body_changed: bool = False
     extra_headers: dict[str, str] = field(default_factory=dict)
     immediate: ImmediateReply | None = None
-    _embedding: np.ndarray | None = None
+    _embedding: np.ndarray | RoutingUnavailable | None = None
 
     async def embedding(self) -> np.ndarray:
-        """The prompt's embedding, computed once through the shared batcher. Raises BatcherError."""
+        """The prompt's embedding, asked of the engine once: a failure is remembered like a result,
+        so a second filter neither resubmits the prompt nor waits again. Raises RoutingUnavailable."""
         if self._embedding is None:
-            self._embedding = await self.engine.embed(self.prompt or "", self.deadline)
+            try:
+                self._embedding = await self.engine.embed(self.prompt or "", self.deadline)
+            except RoutingUnavailable as exc:
+                self._embedding = exc
+        if isinstance(self._embedding, RoutingUnavailable):
+            raise self._embedding
         return self._embedding

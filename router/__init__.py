@@ -1,3 +1,1 @@
-"""Semantic routing: config, encoder, classifier, the routing engine, the server and the CLI."""
-
-__version__ = "0.1.0"
+"""The online routing decision: the config schema, the classifiers, the routing engine and its cache, the metrics."""

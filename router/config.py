@@ -47,25 +47,6 @@ class EncoderConfig:
 
 
 @dataclass(frozen=True)
-class BatchingConfig:
-    # Defaults are the batcher's own, so a tuning change is made in one place.
-    max_batch_size: int = BatcherSettings.max_batch_size
-    max_batch_tokens: int = BatcherSettings.max_batch_tokens  # padded tokens (longest x count) per batch
-    max_queue_requests: int = BatcherSettings.max_queue_requests
-    max_queue_tokens: int = BatcherSettings.max_queue_tokens
-    sort_window: int = BatcherSettings.window
-    max_padding: float = BatcherSettings.max_padding  # share of a batch's padded tokens that may be padding
-    max_wait_ms: float = BatcherSettings.max_wait_s * 1000.0
-
-    def __post_init__(self):
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
-            _require(getattr(self, name) >= 1, name, "must be at least 1")
-        _require(self.max_wait_ms >= 0, "max_wait_ms", "must not be negative")
-        _require(0.0 <= self.max_padding <= 1.0, "max_padding", "must be between 0 and 1")
-        _require(self.max_queue_requests >= self.max_batch_size, "max_queue_requests", "must be >= max_batch_size")
-
-
-@dataclass(frozen=True)
 class RouteConfig:
     name: str
     model: str
@@ -194,7 +175,7 @@ class RouterConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     default_threshold: float = 0.5
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    batching: BatcherSettings = field(default_factory=BatcherSettings)  # the batcher's own settings type
     server: ServerConfig = field(default_factory=ServerConfig)
     requests: RequestsConfig = field(default_factory=RequestsConfig)
     filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
@@ -222,6 +203,11 @@ class RouterConfig:
     @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:
         return frozenset([r.model for r in self.routes] + [self.default_route.model])
+
+    @functools.cached_property
+    def route_names(self) -> tuple[str, ...]:
+        """Every route's name, the default route's last: the classes of evaluation, fit and heads."""
+        return tuple(r.name for r in self.routes) + (self.default_route.name,)
 
     def threshold_of(self, route: RouteConfig) -> float:
         return self.default_threshold if route.threshold is None else route.threshold

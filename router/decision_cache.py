@@ -29,8 +29,5 @@ class LRUCache(Generic[V]):
         while len(self._data) > self.size:
             self._data.popitem(last=False)
 
-    def clear(self) -> None:
-        self._data.clear()
-
     def __len__(self) -> int:
         return len(self._data)

@@ -1,4 +1,4 @@
-"""Turns a prompt into a routing decision within a deadline; never raises."""
+"""Turns a prompt into a routing decision within a deadline; `decide` never raises."""
 
 from __future__ import annotations
 
@@ -16,6 +16,26 @@ from router.decision_cache import LRUCache
 log = logging.getLogger(__name__)
 
 _CACHEABLE_CHARS = 8192  # longer prompts are rare repeats and would pin memory in the cache
+
+
+class RoutingUnavailable(Exception):
+    """No embedding for this prompt: the batcher is overloaded, the deadline passed, the router is
+    shutting down, or the model failed. `reason` is the fallback reason a request reports."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _fallback_reason(exc: Exception) -> str:
+    if isinstance(exc, Overloaded):  # queue full, or predicted to answer after the deadline
+        return "fallback_overload"
+    if isinstance(exc, DeadlineExceeded):
+        return "fallback_timeout"
+    if isinstance(exc, BatcherClosed):
+        return "fallback_shutdown"
+    log.warning("embedding failed: %s", type(exc).__name__)
+    return "fallback_error"
 
 
 class RoutingEngine:
@@ -37,13 +57,18 @@ class RoutingEngine:
         return Decision(self._route_of_model.get(model, self.config.default_route.name), model, 1.0, "model_pinned")
 
     async def embed(self, prompt: str, deadline: float) -> np.ndarray:
-        """Raises BatcherError (overload, deadline, shutdown) or the model's own error."""
-        return await self.batcher.embed(prompt, deadline)
+        """Raises RoutingUnavailable, whatever went wrong (a model failure must never reach the
+        request path as anything else)."""
+        try:
+            return await self.batcher.embed(prompt, deadline)
+        except Exception as exc:
+            raise RoutingUnavailable(_fallback_reason(exc)) from exc
 
     async def decide(
         self, prompt: str, deadline: float, embed: Callable[[], Awaitable[np.ndarray]] | None = None
     ) -> Decision:
-        """`embed` lets a caller share an embedding it already has (or will need) for `prompt`."""
+        """`embed` lets a caller share an embedding it already has (or will need) for `prompt`;
+        it raises RoutingUnavailable as `embed` does."""
         cacheable = len(prompt) <= _CACHEABLE_CHARS and self.cache.size > 0
         if cacheable:
             hit = self.cache.get(prompt)
@@ -52,15 +77,8 @@ class RoutingEngine:
                 return hit
         try:
             embedding = await (embed() if embed else self.embed(prompt, deadline))
-        except Overloaded:  # queue full, or predicted to answer after the deadline
-            return self.default("fallback_overload")
-        except DeadlineExceeded:
-            return self.default("fallback_timeout")
-        except BatcherClosed:
-            return self.default("fallback_shutdown")
-        except Exception as exc:  # a model failure must never reach the request path
-            log.warning("embedding failed: %s", type(exc).__name__)
-            return self.default("fallback_error")
+        except RoutingUnavailable as exc:
+            return self.default(exc.reason)
         decision = self.classifier.classify(embedding)
         if cacheable:
             self.cache.put(prompt, decision)

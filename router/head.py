@@ -74,3 +74,18 @@ def train_head(
         loss.backward()
         opt.step()
     return LinearHead(tuple(classes), tuple(routes or classes), layer.weight.detach().numpy().copy(), layer.bias.detach().numpy().copy())
+
+
+class HeadScorer:
+    """Route scores as a trained head's probabilities (each route's best class)."""
+
+    def __init__(self, head: LinearHead, route_names: Sequence[str]):
+        if set(head.routes) != set(route_names):
+            raise ValueError(
+                f"classifier.head_path: head routes {sorted(set(head.routes))} do not match {sorted(route_names)}"
+            )
+        self.head = head
+        self._route_names = list(route_names)
+
+    def scores(self, embeddings: np.ndarray) -> np.ndarray:
+        return self.head.route_scores(embeddings, self._route_names)

@@ -18,6 +18,11 @@ PROCESSING = Histogram(
     "semantic_router_processing_seconds", "Time from request body received to ext_proc answer.", buckets=_LATENCY
 )
 BAD_REQUESTS = Counter("semantic_router_bad_requests_total", "Request bodies that could not be used, by kind.", ["kind"])
+FILTER_FAILURES = Counter(
+    "semantic_router_filter_failures_total",
+    "Filter chains that timed out or raised (fallback_timeout|fallback_error); a decision made before stands.",
+    ["reason"],
+)
 CACHE = Counter("semantic_router_cache_total", "Decision cache lookups, by result (hit|miss).", ["result"])
 BATCH_SIZE = Histogram("semantic_router_batch_size", "Requests per model batch.", buckets=_BATCH)
 BATCH_TOKENS = Histogram(

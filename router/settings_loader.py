@@ -42,10 +42,10 @@ def build(cls: type, data: Any, path: str) -> Any:
         return cls(**kwargs)
     except ConfigError:
         raise
-    except FieldError as exc:
-        raise ConfigError(f"{_join(path, exc.field)}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path or 'config'}: {exc}") from None
+        # FieldError, or another room's own check that names its field (batching.SettingError).
+        field = getattr(exc, "field", None)
+        raise ConfigError(f"{_join(path, field) if field else path or 'config'}: {exc}") from None
 
 
 def _join(path: str, key: str | int) -> str:

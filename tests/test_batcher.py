@@ -142,7 +142,7 @@ def test_choose_batch_cuts_padding_against_fifo():
 def test_long_request_does_not_starve_behind_short_ones():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await start_batcher(backend, max_batch_size=2, window=4)
+        b, _ = await start_batcher(backend, max_batch_size=2, sort_window=4)
         first = await hold_first(b, backend)
         long_text = " ".join(["long"] * 30)
         tasks = await queue_behind(b, backend, [long_text] + [f"s {i}" for i in range(12)])
@@ -263,7 +263,7 @@ def test_shutdown_drains_queued_requests_and_refuses_new_ones():
 def test_optional_max_wait_tops_up_a_small_batch():
     async def main():
         backend = FakeBackend()
-        b, _ = await start_batcher(backend, max_batch_size=2, max_wait_s=5.0)
+        b, _ = await start_batcher(backend, max_batch_size=2, max_wait_ms=5000.0)
         first = asyncio.create_task(b.embed("alone at first", far()))
         await asyncio.sleep(0.05)
         second = asyncio.create_task(b.embed("arrives later", far()))

@@ -7,8 +7,8 @@ import pytest
 
 from router.classifier import RouteClassifier
 from router.config import parse_config
-from router.evaluation import evaluate
-from router.fitting import fit, tune_thresholds
+from tuning.evaluation import evaluate
+from tuning.fit import fit, tune_thresholds
 from router.head import LinearHead, train_head
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from devstack.envoy_bootstrap import find_envoy
 from router.config import BackendConfig, load_config
-from router.envoy_config import message_timeout_ms, render, render_yaml
+from extproc.envoy_config import message_timeout_ms, render, render_yaml
 from tests.conftest import ROOT
 
 # (router config, the Envoy config committed beside it)
@@ -71,7 +71,7 @@ def test_tls_dns_backends_and_derived_timeouts_validate(tmp_path):
 
 def test_cli_backend_flags_and_errors(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "router", "envoy-config", "--config", str(ROOT / "router.yaml"),
+        [sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
          "--backend", "math-model=math.example.com:443:tls", "--listen-port", "18080"],
         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -79,6 +79,6 @@ def test_cli_backend_flags_and_errors(tmp_path):
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
     assert clusters["math-model"]["transport_socket"]["typed_config"]["sni"] == "math.example.com"
     assert doc["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 18080
-    bad = subprocess.run([sys.executable, "-m", "router", "envoy-config", "--config", str(ROOT / "router.yaml"),
+    bad = subprocess.run([sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
                           "--backend", "nonsense"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "MODEL=HOST:PORT" in bad.stderr

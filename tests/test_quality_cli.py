@@ -26,7 +26,7 @@ def _slice(src: Path, dst: Path, per_label: int) -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from filters.request_body import BadBody, parse_body
+from extproc.request_body import BadBody, parse_body
 from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
@@ -117,7 +117,7 @@ def test_anthropic_system_and_responses_instructions():
 def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     import asyncio
 
-    from filters.body_parser import BodyParser
+    from extproc.body_parser import BodyParser
 
     filler = ",".join(["1.25e3"] * 60000)
     good = ('{"model":"auto","x":[%s],"messages":[{"role":"user","content":"solve 2x = 4"}]}' % filler).encode()

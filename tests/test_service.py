@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import types
 
 import grpc
 import numpy as np
@@ -15,7 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from batching import BatcherSettings, ContinuousBatcher
-from filters.install import install
+from extproc.service import ExtProcService
+from filters.chain import FilterChain
 from router.classifier import RouteClassifier
 from router.config import parse_config
 from router.engine import RoutingEngine
@@ -66,12 +66,11 @@ class Harness:
         self.batcher = ContinuousBatcher(self.backend, BatcherSettings())
         self.batcher.start()
         classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
-        hooks = []
-        self.app = types.SimpleNamespace(config=self.config, on_engine=hooks.append)
         self.server = grpc.aio.server()
-        install(self.server, self.app)
-        for hook in hooks:  # what RouterServer does once its engine is built
-            (await hook(RoutingEngine(self.config, self.batcher, classifier)))()
+        self.service = ExtProcService()
+        pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
+        engine = RoutingEngine(self.config, self.batcher, classifier)
+        self.service.serve(engine, await FilterChain.for_engine(engine))  # what RouterServer does with each engine
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

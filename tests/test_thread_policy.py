@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from batching.cost_model import BatchCostModel
-from router.cpu_quota import CpuBudget, detect
-from router.thread_policy import ThreadTuner, candidates
+from model.cpu_quota import CpuBudget, detect
+from model.thread_policy import ThreadTuner, candidates
 
 AFFINITY = len(os.sched_getaffinity(0))
 

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from router.config import parse_config
-from router.server import RouterServer
+from app.server import RouterServer
 
 
 class InProcessRouter:

@@ -9,7 +9,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from filters.request_body import ParsedBody, from_summary, parse_body, summarize
+from extproc.request_body import ParsedBody, from_summary, parse_body, summarize
 from router.config import RequestsConfig
 
 log = logging.getLogger(__name__)

@@ -22,17 +22,13 @@ class FitResult:
     notes: list[str]
 
 
-def class_names(config: RouterConfig) -> list[str]:
-    return [r.name for r in config.routes] + [config.default_route.name]
-
-
 def label_indices(config: RouterConfig, labels: list[str]) -> np.ndarray:
     """Route index per label, -1 for the default route (the convention of RouteClassifier.choose)."""
     index = {r.name: i for i, r in enumerate(config.routes)}
     return np.asarray([index.get(label, -1) for label in labels])
 
 
-OBJECTIVES = ("accuracy", "balanced")
+OBJECTIVES = ("accuracy", "balanced")  # what tune_thresholds can maximise (the CLI's choices)
 
 
 def tune_thresholds(

@@ -12,7 +12,7 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-from router.headers import ROUTER_HEADERS  # a client's copies are removed at the headers phase
+from extproc.headers import ROUTER_HEADERS  # a client's copies are removed at the headers phase
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")

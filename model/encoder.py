@@ -11,10 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
-from router import cpu_quota, metrics
+from model import cpu_quota
+from router import metrics
 from router.config import EncoderConfig
-from router.thread_policy import ThreadTuner
-from router.torch_threads import single_threaded
+from model.thread_policy import ThreadTuner
+from model.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
 

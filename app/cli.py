@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from router.config import ConfigError, RouterConfig, load_config
+from tuning.fit import OBJECTIVES
 
 DEFAULT_CONFIG = Path(os.environ.get("SEMANTIC_ROUTER_CONFIG", "router.yaml"))
 
@@ -39,8 +40,8 @@ def _with_server_overrides(config: RouterConfig, args: argparse.Namespace) -> Ro
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from router.logs import setup_logging
-    from router.server import PortInUse, RouterServer
+    from app.logs import setup_logging
+    from app.server import PortInUse, RouterServer
 
     setup_logging(args.log_level)
     config = _with_server_overrides(_load(args.config), args)
@@ -84,8 +85,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
 def _offline(config: RouterConfig):
     """Encoder and classifier for offline commands (no batcher, no server)."""
     from router.classifier import RouteClassifier
-    from router.encoder import SentenceEncoder
-    from router.logs import setup_logging
+    from model.encoder import SentenceEncoder
+    from app.logs import setup_logging
 
     setup_logging("warning")
     encoder = SentenceEncoder(config.encoder)
@@ -93,25 +94,24 @@ def _offline(config: RouterConfig):
 
 
 def _labelled(config: RouterConfig, path: Path):
-    from router.evaluation import load_labelled
+    from tuning.evaluation import load_labelled
 
     try:
-        return load_labelled(path, [r.name for r in config.routes] + [config.default_route.name])
+        return load_labelled(path, config.route_names)
     except (OSError, ValueError) as exc:
         print(f"data error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
-    from router.evaluation import evaluate
+    from tuning.evaluation import evaluate
 
     predicted = [d.route for d in classifier.classify_many(embeddings)]
-    names = [r.name for r in config.routes] + [config.default_route.name]
-    return evaluate(data.labels, predicted, names, config.default_route.name)
+    return evaluate(data.labels, predicted, list(config.route_names), config.default_route.name)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from router.evaluation import format_report
+    from tuning.evaluation import format_report
 
     config = _load(args.config)
     data = _labelled(config, args.data)
@@ -124,7 +124,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     import yaml
 
-    from router.fitting import classifier_section, fit
+    from tuning.fit import classifier_section, fit
 
     config = _load(args.config)
     data = _labelled(config, args.data)
@@ -171,7 +171,7 @@ def _backend_flag(value: str):
 
 
 def cmd_envoy_config(args: argparse.Namespace) -> int:
-    from router.envoy_config import render_yaml
+    from extproc.envoy_config import render_yaml
 
     config = _load(args.config)
     overrides = {k: v for k, v in {"listen_address": args.listen_address, "listen_port": args.listen_port,
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
     ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
     ft.add_argument("--top-k", action="store_true", help="also choose top_k (similarity method)")
-    ft.add_argument("--objective", choices=("accuracy", "balanced"), default="accuracy",
+    ft.add_argument("--objective", choices=OBJECTIVES, default="accuracy",
                     help="balanced: mean of in-scope accuracy and default-route recall")
     ft.add_argument("--min-default-recall", type=float, default=0.0,
                     help="keep default-route recall at least this on the tuning data")

@@ -8,21 +8,21 @@ import logging
 import re
 import time
 import urllib.parse
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from filters import ext_proc
-from filters.body_parser import BodyParser
+from extproc import replies
+from extproc.body_parser import BodyParser
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from filters.request_body import BadBody, peek_model, with_model
+from extproc.request_body import BadBody, peek_model, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
-from router.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
+from extproc.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def canonical_path(path: str) -> str:
 def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
     """An OpenAI-style error straight from the gateway; the request reaches no backend."""
     metrics.REQUESTS.labels("rejected").inc()
-    return ext_proc.immediate(openai_error(status, message, code), {})
+    return replies.immediate(openai_error(status, message, code), {})
 
 
 class _Stream:
@@ -68,11 +68,17 @@ class _Stream:
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, current: Callable[[], tuple[RoutingEngine, FilterChain] | None]):
-        # The engine and its chain come as one snapshot per request: a config reload swaps the
-        # pair without touching requests in flight.
-        self._current = current
+    def __init__(self):
+        # The engine and its chain, read as one snapshot per request: a config reload swaps the
+        # pair (serve) without touching requests in flight. None until the first engine is built.
+        self.routing: tuple[RoutingEngine, FilterChain] | None = None
         self._bodies = BodyParser()
+
+    def serve(self, engine: RoutingEngine, chain: FilterChain) -> None:
+        self.routing = (engine, chain)
+
+    def close(self) -> None:
+        self._bodies.close()
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
@@ -88,24 +94,24 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 if chunk.end_of_stream:
                     yield await self._on_body(stream)
                 else:
-                    yield ext_proc.body_continue()
+                    yield replies.body_continue()
             else:
-                answer = ext_proc.pass_through(kind)
+                answer = replies.pass_through(kind)
                 if answer is not None:
                     yield answer
 
     def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
-        h = ext_proc.header_map(headers)
+        h = replies.header_map(headers)
         stream.headers = h
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
-        spoofed = any(name in h for name in ext_proc.ROUTER_HEADERS)
+        spoofed = any(name in h for name in replies.ROUTER_HEADERS)
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
         if not stream.llm_call:
             metrics.REQUESTS.labels("not_processed").inc()
-            return ext_proc.headers_skip_body(spoofed)
-        current = self._current()
+            return replies.headers_skip_body(spoofed)
+        current = self.routing
         limit = current[0].config.envoy.max_request_headers if current else None
         if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
             # Envoy would fail the request with a 500 once the router adds its headers.
@@ -116,77 +122,73 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
                 return self._answer(None, current[0].default("invalid_body"), current[0], at_headers=True)
-        return ext_proc.headers_continue(spoofed)
+        return replies.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
         started = time.perf_counter()
-        current = self._current()
+        current = self.routing
         if current is None:  # model still loading: let Envoy's default route take it
             metrics.REQUESTS.labels("not_ready").inc()
-            return ext_proc.body_continue()
+            return replies.body_continue()
         engine, chain = current
         deadline = stream.started + engine.config.server.deadline_ms / 1000.0
         raw = b"".join(stream.body)
-        ctx: RequestContext | None = None
-        new_body = None
         encoding = stream.headers.get("content-encoding", "identity").strip().lower()
-        if len(raw) > engine.config.requests.max_body_bytes:
-            metrics.BAD_REQUESTS.labels("too_large").inc()
-            decision = engine.default("body_too_large")
-            model, span = peek_model(raw)
-            if model in engine.config.requests.model_aliases:  # "auto" must reach the backend as a model it serves
-                new_body = with_model(raw, span, decision.model)
-        elif encoding not in ("", "identity"):
+        if encoding not in ("", "identity") and len(raw) <= engine.config.requests.max_body_bytes:
             # A compressed body cannot be read without inflating it here; it goes on unrouted.
             metrics.BAD_REQUESTS.labels("encoded").inc()
-            decision = engine.default("invalid_body")
+            response = self._answer(None, engine.default("invalid_body"), engine)
         else:
             try:
-                parsed = await self._bodies.parse(raw, stream.path, engine.config.requests)
+                ctx = await self._context(stream, raw, engine, deadline)
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
                 if bad.kind == "duplicate_key":  # ambiguous to backends: refused, never forwarded
                     return _refuse(400, f"Invalid request body: {bad}", "duplicate_key")
-                decision = engine.default("invalid_body")
+                response = self._answer(None, engine.default("invalid_body"), engine)
             else:
-                ctx = RequestContext(
-                    path=stream.path,
-                    headers=stream.headers,
-                    body=parsed.data,
-                    requested_model=parsed.model,
-                    prompt=parsed.prompt,
-                    deadline=deadline,
-                    engine=engine,
-                    body_bytes=len(raw),
-                    raw=raw,
-                    model_span=parsed.model_span,
-                )
-                decision = await self._run_chain(ctx, engine, chain)
-        response = self._answer(ctx, decision, engine, new_body)
+                response = self._answer(ctx, await self._run_chain(ctx, engine, chain), engine)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         return response
+
+    async def _context(self, stream: _Stream, raw: bytes, engine: RoutingEngine, deadline: float) -> RequestContext:
+        """What the filters see. A body above requests.max_body_bytes is not read (only its model is
+        peeked at), but it still goes through the chain: size limits, model policy, pinning."""
+        ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None, prompt=None,
+                             deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
+        if len(raw) > engine.config.requests.max_body_bytes:
+            metrics.BAD_REQUESTS.labels("too_large").inc()
+            ctx.unread = "body_too_large"
+            ctx.requested_model, ctx.model_span = peek_model(raw)
+            return ctx
+        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests)
+        ctx.body, ctx.requested_model, ctx.prompt, ctx.model_span = parsed.data, parsed.model, parsed.prompt, parsed.model_span
+        return ctx
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:
         try:
             async with asyncio.timeout_at(ctx.deadline):
                 await chain.run(ctx)
+            return ctx.decision or engine.default("default")
         except TimeoutError:
-            return engine.default("fallback_timeout")
+            failure = "fallback_timeout"
         except Exception as exc:  # a broken filter must not fail the request, nor flood the log per request
             log.warning("filter chain failed", extra={"error": type(exc).__name__},
                         exc_info=log.isEnabledFor(logging.DEBUG))
             ctx.immediate = None
-            return engine.default("fallback_error")
-        return ctx.decision or engine.default("default")
+            failure = "fallback_error"
+        metrics.FILTER_FAILURES.labels(failure).inc()
+        # A decision an earlier filter made stands (a pinned model must reach its own backend, which
+        # the body names); only an undecided request takes the default route.
+        return ctx.decision or engine.default(failure)
 
     def _answer(
-        self, ctx: RequestContext | None, decision: Decision, engine: RoutingEngine, new_body: bytes | None = None,
-        at_headers: bool = False,
+        self, ctx: RequestContext | None, decision: Decision, engine: RoutingEngine, at_headers: bool = False,
     ) -> pb.ProcessingResponse:
         if ctx is not None and ctx.immediate is not None:
             metrics.REQUESTS.labels("rejected").inc()
-            return ext_proc.immediate(ctx.immediate, self._safe_extra(ctx))
+            return replies.immediate(ctx.immediate, self._safe_extra(ctx))
         metrics.REQUESTS.labels(decision.reason).inc()
         metrics.ROUTE_DECISIONS.labels(decision.route).inc()
         headers = {
@@ -195,31 +197,37 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             SCORE: f"{decision.score:.4f}",
             REASON: decision.reason,
         }
+        new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}
             # Also on a fallback: "auto" must reach the backend as a model it serves.
-            rewrite = ctx.rewrite_model and ctx.body.get("model") != decision.model
-            if ctx.body_changed:
+            if ctx.body_changed and ctx.unread is None:
                 # A filter changed the document itself: serialise it. ASCII escapes keep every
                 # string valid JSON (a lone surrogate included).
-                if rewrite:
+                if ctx.rewrite_model:
                     ctx.body["model"] = decision.model
                 new_body = json.dumps(dict(ctx.body), separators=(",", ":")).encode()
-            elif rewrite:
-                new_body = with_model(ctx.raw, ctx.model_span, decision.model)
+            else:
+                if ctx.body_changed:
+                    log.warning("filter changed an unread body; change dropped", extra={"kind": ctx.unread})
+                # An unread body is rewritten only where its model was found: a second `model`
+                # key would be ambiguous to backends.
+                if ctx.rewrite_model and ctx.requested_model != decision.model and (
+                        ctx.unread is None or ctx.model_span is not None):
+                    new_body = with_model(ctx.raw, ctx.model_span, decision.model)
         if new_body is not None:
             headers["content-length"] = str(len(new_body))
         if engine.config.log_prompts and ctx is not None:
             log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
         if at_headers:
-            return ext_proc.headers_routed(headers)
-        return ext_proc.body_routed(headers, new_body)
+            return replies.headers_routed(headers)
+        return replies.body_routed(headers, new_body)
 
     @staticmethod
     def _safe_extra(ctx: RequestContext) -> dict[str, str]:
         ok = {}
         for name, value in ctx.extra_headers.items():
-            if ext_proc.valid_header(name, value) and name not in ext_proc.ROUTER_HEADERS:
+            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS:
                 ok[name] = value
             else:
                 log.warning("filter header dropped", extra={"header": name[:64]})

@@ -1,0 +1,30 @@
+"""Background watches of the router process itself: event-loop lag, tasks and threads alive."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from router import metrics
+
+
+async def update_process_gauges(interval: float = 1.0) -> None:
+    while True:
+        metrics.LOOP_TASKS.set(len(asyncio.all_tasks()))
+        metrics.THREADS.set(threading.active_count())
+        await asyncio.sleep(interval)
+
+
+async def watch_loop_lag(tick: float = 0.05, window_s: float = 10.0) -> None:
+    """A saturated loop delays every stream before the batcher can see it: measure it."""
+    loop = asyncio.get_running_loop()
+    worst, window_start = 0.0, loop.time()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(tick)
+        lag = max(0.0, loop.time() - before - tick)
+        metrics.LOOP_LAG.observe(lag)
+        if before - window_start > window_s:
+            worst, window_start = 0.0, before
+        worst = max(worst, lag)
+        metrics.LOOP_LAG_MAX.set(worst)

@@ -1,0 +1,47 @@
+"""The batcher's tuning: one validated type, also read as the `batching:` section of a config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SettingError(ValueError):
+    """A setting is out of range; `field` names it, so a config loader can point at the key."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    max_batch_size: int = 64
+    max_batch_tokens: int = 16384  # padded: longest sequence x batch size
+    max_queue_requests: int = 2048
+    max_queue_tokens: int = 262144
+    sort_window: int = 256  # oldest requests among which batches are sorted by length
+    max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
+    max_wait_ms: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
+    # Time an embedding needs after its batch to reach the caller, on top of the measured delay
+    # of the event loop in running the settling callback; deadline checks keep both in hand.
+    answer_margin_ms: float = 5.0
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
+            if getattr(self, name) < 1:
+                raise SettingError(name, "must be at least 1")
+        for name in ("max_wait_ms", "answer_margin_ms"):
+            if getattr(self, name) < 0:
+                raise SettingError(name, "must not be negative")
+        if not 0.0 <= self.max_padding <= 1.0:
+            raise SettingError("max_padding", "must be between 0 and 1")
+        if self.max_queue_requests < self.max_batch_size:
+            raise SettingError("max_queue_requests", "must be >= max_batch_size")
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+    @property
+    def answer_margin_s(self) -> float:
+        return self.answer_margin_ms / 1000.0

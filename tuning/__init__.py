@@ -1,0 +1,1 @@
+"""Offline tuning: evaluate and fit a routes config on labelled examples."""
