@@ -4,8 +4,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-export HF_HUB_OFFLINE := 1
-
 .PHONY: run test tools test-unit test-integration bench bench-contention bench-edge soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import ipaddress
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -158,16 +160,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+_BACKEND_FLAG = re.compile(r"^(?P<model>[^=]+)=(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<port>\d+)"
+                           r"(?::(?P<tls>tls)(?:=(?P<sni>[^:]+))?)?$")
+
+
 def _backend_flag(value: str):
-    """MODEL=HOST:PORT[:tls]"""
+    """MODEL=HOST:PORT[:tls[=SNI]]; an IPv6 HOST in brackets ([::1]:8000)."""
     from router.config import BackendConfig
 
+    m = _BACKEND_FLAG.match(value)
     try:
-        model, target = value.split("=", 1)
-        host, port, *rest = target.rsplit(":", 2) if target.endswith(":tls") else target.rsplit(":", 1)
-        return BackendConfig(model=model, address=host, port=int(port), tls=bool(rest))
+        if m is None:
+            raise ValueError(value)
+        if m["v6"]:
+            ipaddress.IPv6Address(m["v6"])
+        return BackendConfig(model=m["model"], address=m["v6"] or m["host"], port=int(m["port"]),
+                             tls=bool(m["tls"]), sni=m["sni"])
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MODEL=HOST:PORT[:tls], got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected MODEL=HOST:PORT[:tls[=SNI]] (IPv6 as [ADDR]), got {value!r}") from None
 
 
 def cmd_envoy_config(args: argparse.Namespace) -> int:
@@ -240,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--listen-port", type=int)
     ec.add_argument("--admin-port", type=int)
     ec.add_argument("--router-address", help="where Envoy reaches the router (default 127.0.0.1)")
-    ec.add_argument("--backend", "--backends", action="append", type=_backend_flag, metavar="MODEL=HOST:PORT[:tls]",
+    ec.add_argument("--backend", "--backends", action="append", type=_backend_flag, metavar="MODEL=HOST:PORT[:tls[=SNI]]",
                     help="set a backend model's address (repeatable); overrides the config's backends")
     ec.set_defaults(func=cmd_envoy_config)
 

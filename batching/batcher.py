@@ -106,7 +106,7 @@ class ContinuousBatcher:
             self.observer.on_dropped("overload", 1)
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
         fut = self._loop.create_future()
-        item = WorkItem(text=text, deadline=deadline, future=fut)
+        item = self._queue.new_item(text, deadline, fut)
         if not self._arrivals:
             self._loop.call_soon(self._hand_over)
         self._arrivals.append(item)
@@ -269,8 +269,12 @@ class ContinuousBatcher:
             outcomes: list[object] = list(vectors)
             self._learn(batch, time.perf_counter() - t0)
         except Exception as exc:
-            log.warning("batch of %d failed (%s), isolating by retrying singly", len(items), type(exc).__name__)
-            outcomes = [self._embed_one(i) for i in items] if len(items) > 1 else [exc]
+            if len(items) > 1:
+                log.warning("batch of %d failed (%s), isolating by retrying singly", len(items), type(exc).__name__)
+                outcomes = [self._embed_one(i) for i in items]
+            else:
+                log.warning("embedding failed (%s)", type(exc).__name__)
+                outcomes = [exc]
             bad = sum(isinstance(o, BaseException) for o in outcomes)
             if bad:
                 self.observer.on_dropped("error", bad)

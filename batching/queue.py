@@ -17,7 +17,7 @@ class WorkItem:
     text: str
     deadline: float  # time.monotonic() seconds
     future: asyncio.Future
-    enqueued_at: float = field(default_factory=time.monotonic)
+    enqueued_at: float  # on the queue's clock (BatchQueue.new_item)
     token_ids: list[int] = field(default_factory=list)
     # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
     # costs one wasted embedding, so no lock.
@@ -96,6 +96,10 @@ class BatchQueue:
         self._tokens = 0
         self._closed = False
         self._cond = threading.Condition()
+
+    def new_item(self, text: str, deadline: float, future: asyncio.Future) -> WorkItem:
+        """A request submitted now, stamped with this queue's clock (what top-up waits are timed on)."""
+        return WorkItem(text=text, deadline=deadline, future=future, enqueued_at=self._clock())
 
     @property
     def depth(self) -> tuple[int, int]:

@@ -246,7 +246,6 @@ def main() -> None:
     p.add_argument("--cpu-bf16", action="store_true", help="bf16 autocast on CPU (encoder.cpu_bf16)")
     p.add_argument("--out")
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     emit(asyncio.run(main_async(args)), args.out)
 
 

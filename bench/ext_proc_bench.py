@@ -86,7 +86,7 @@ def start_router(
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--config", str(cfg), "--grpc-port", str(port),
          "--metrics-port", str(metrics_port or free_port()), "--log-level", "warning"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT,
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
         preexec_fn=join_cgroup if cgroup is not None else None,
     )
     for line in proc.stdout:

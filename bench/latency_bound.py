@@ -79,7 +79,6 @@ def main() -> None:
     p.add_argument("--cpu-bf16", action="store_true")
     p.add_argument("--out")
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
     costs = asyncio.run(on_own_thread(batch_costs_ms, enc))  # a thread that exits: see router/torch_threads.py
     ceiling = 64 / costs[64] * 1000

@@ -41,7 +41,7 @@ asyncio.run(main())
 
 
 def trials(tree: Path) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", ONE_TREE], cwd=tree, env=env, capture_output=True, text=True,
                          timeout=600, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])

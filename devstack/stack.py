@@ -137,7 +137,7 @@ class Stack:
             "--metrics-port", str(self.ports.router_metrics),
             *self.router_args,
         ]  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.router_env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.router_env}
         out = open(self.workdir / "router.log", "ab") if self.capture_logs else None
         self.router = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
         self._wait(self.router, "router", self.router_serving, timeout)

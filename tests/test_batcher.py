@@ -123,7 +123,7 @@ def test_padded_token_budget_is_respected():
 
 
 def _items(lengths):
-    return [WorkItem(text=str(i), deadline=0, future=None, token_ids=[0] * n) for i, n in enumerate(lengths)]
+    return [WorkItem(text=str(i), deadline=0, future=None, enqueued_at=0.0, token_ids=[0] * n) for i, n in enumerate(lengths)]
 
 
 def test_choose_batch_always_takes_the_oldest_and_groups_by_length():
@@ -373,3 +373,38 @@ def test_batch_is_cut_so_that_its_oldest_item_meets_its_deadline():
         await b.aclose()
 
     asyncio.run(main())
+
+
+def test_queue_stamps_items_with_its_own_clock():
+    """The injected clock times a small batch's top-up wait; items used to be stamped with
+    time.monotonic, so with any other clock the wait ended at the wrong time (or never)."""
+    from batching.queue import BatchQueue
+
+    now = [1000.0]
+    q = BatchQueue(8, 1024, 8, clock=lambda: now[0])
+    item = q.new_item("a", deadline=now[0] + 60, future=None)
+    assert item.enqueued_at == 1000.0
+    item.token_ids = [1, 2]
+    assert q.reserve()
+    q.put_many([item])
+    now[0] += 0.5  # half a second later on the queue's clock: a 0.2 s top-up is long over
+    started = time.monotonic()
+    batch = q.next_batch(max_size=8, max_tokens=1024, max_wait=0.2)
+    assert batch.items == [item]
+    assert time.monotonic() - started < 0.1
+
+
+def test_failed_batch_of_one_is_not_reported_as_retried(caplog):
+    async def main():
+        b, obs = await start_batcher(FakeBackend())
+        with pytest.raises(ValueError):
+            await b.embed(POISON, far())
+        await b.aclose()
+        return obs
+
+    with caplog.at_level("WARNING", logger="batching.batcher"):
+        obs = asyncio.run(main())
+    assert obs.dropped["error"] == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("embedding failed" in m for m in messages), messages
+    assert not any("retrying singly" in m for m in messages), messages

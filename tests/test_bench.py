@@ -4,7 +4,6 @@ speed targets belong to `make bench`, not to tests)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "bench.batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2",
          "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -50,7 +49,7 @@ def test_large_body_bench_runs_both_phases(tmp_path):
     out = tmp_path / "large.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -82,3 +82,28 @@ def test_cli_backend_flags_and_errors(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
                           "--backend", "nonsense"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "MODEL=HOST:PORT" in bad.stderr
+
+
+def test_cli_backend_flags_take_ipv6_literals_and_sni():
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+         "--backend", "math-model=[::1]:8001",
+         "--backend", "general-model=[2001:db8::7]:443:tls=api.example.com",
+         "--backend", "code-model=10.0.0.5:443:tls"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+
+    def socket(name):
+        return clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+
+    assert socket("math-model") == {"address": "::1", "port_value": 8001}
+    assert clusters["math-model"]["type"] == "STATIC"
+    assert socket("general-model") == {"address": "2001:db8::7", "port_value": 443}
+    assert clusters["general-model"]["transport_socket"]["typed_config"]["sni"] == "api.example.com"
+    assert clusters["code-model"]["transport_socket"]["typed_config"]["sni"] == "10.0.0.5"
+    for bad in ("math-model=::1:8001", "math-model=[::1]", "math-model=host:443:tls=", "math-model=[zz]:80", "math-model=[fffff]:80"):
+        run = subprocess.run([sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+                              "--backend", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert run.returncode == 2 and "MODEL=HOST:PORT" in run.stderr, bad

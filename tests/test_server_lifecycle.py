@@ -130,3 +130,55 @@ def test_health_command_reports_serving_for_probes():
         assert (ok, gone) == (0, 1)
 
     asyncio.run(main())
+
+
+def test_serves_ext_proc_without_any_installed_entry_points(monkeypatch):
+    """A checkout that was never `pip install`ed has no entry points: the router must still serve
+    ext_proc (it used to report SERVING with no ext_proc service behind it)."""
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: importlib.metadata.EntryPoints(()))
+
+    async def main():
+        async with serving() as server:
+            assert await health(server.grpc_port) == SERVING
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+                call = pb_grpc.ExternalProcessorStub(ch).Process()
+                await call.write(headers_msg())
+                await call.read()
+                await call.write(body_msg(chat("solve 3x + 5 = 20")))
+                assert set_headers(await call.read())["x-semantic-route"] == "math"
+                await call.done_writing()
+
+    asyncio.run(main())
+
+
+def test_serving_is_never_reported_without_an_engine():
+    async def main():
+        server = RouterServer(config(), None, backend_factory=lambda cfg: FakeBackend())
+        with pytest.raises(RuntimeError, match="no engine"):
+            await server._set_health(SERVING)
+
+    asyncio.run(main())
+
+
+def test_sighup_reload_task_is_held_until_done(tmp_path):
+    """The loop keeps only weak references to tasks: an unreferenced reload could be collected mid-flight."""
+    import yaml
+
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+
+    async def main():
+        server = RouterServer(config(), path, backend_factory=lambda cfg: FakeBackend())
+        await server.start()
+        try:
+            task = server.on_sighup()
+            assert task in server._tasks
+            gc.collect()
+            assert await task is True
+            assert task not in server._tasks
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
