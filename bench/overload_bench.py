@@ -26,8 +26,8 @@ import yaml
 
 from bench.ext_proc_bench import start_router
 from bench.report import emit
-from devstack import envoy_bootstrap
-from devstack.stack import ROOT, free_port
+from devstack.envoy_binary import find_envoy
+from devstack.stack import ROOT, StackPorts, free_port, on_stack_ports
 from router.config import load_config
 from extproc.envoy_config import render
 
@@ -67,13 +67,14 @@ end
 
 def direct_response_bootstrap(router_port: int, listener: int, admin: int) -> dict:
     """The rendered gateway for router.yaml, each route answering 200 itself."""
-    boot = render(load_config(ROOT / "router.yaml"))
+    ports = StackPorts.free()
+    ports.router_grpc, ports.listener, ports.admin = router_port, listener, admin
+    boot = render(on_stack_ports(load_config(ROOT / "router.yaml"), ports))
     vhost = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
     for route in vhost["routes"]:
         cluster = route.pop("route")["cluster"]
         route["direct_response"] = {"status": 200, "body": {"inline_string": cluster}}
-    backends = {name: free_port() for name in envoy_bootstrap.backend_clusters(boot)}
-    return envoy_bootstrap.retarget(boot, listener, admin, router_port, backends)
+    return boot
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -144,7 +145,7 @@ def main() -> None:
     proc, router_port = start_router(workdir, "cpu", None, deadline_ms=deadline_ms, metrics_port=metrics_port)
     listener, admin = free_port(), free_port()
     (workdir / "envoy.yaml").write_text(yaml.safe_dump(direct_response_bootstrap(router_port, listener, admin)))
-    envoy = subprocess.Popen([envoy_bootstrap.find_envoy(), "-c", str(workdir / "envoy.yaml"), "--log-level", "error",
+    envoy = subprocess.Popen([find_envoy(), "-c", str(workdir / "envoy.yaml"), "--log-level", "error",
                               "--disable-hot-restart"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows: list[dict] = []
     try:

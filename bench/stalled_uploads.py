@@ -82,7 +82,7 @@ def main() -> None:
         def shorten(config):
             config["envoy"]["request_timeout_s"] = args.request_timeout
 
-        with stack_with(Path(tempfile.mkdtemp(prefix="bench-stalled-")), shorten, render_envoy=True) as stack:
+        with stack_with(Path(tempfile.mkdtemp(prefix="bench-stalled-")), shorten) as stack:
             rows.append(stall_many(stack, n, args.request_timeout + 30))
     checks = {f"{r['scenario']}: Envoy's peak RSS under the {POD_LIMIT_MB} MB pod limit": {
         "ok": r["peak_rss_mb"] < POD_LIMIT_MB, "detail": f"{r['peak_rss_mb']} MB, answers {r['answers']}"}

@@ -8,7 +8,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from devstack import envoy_bootstrap
 from devstack.stack import ROOT, Stack, StackPorts
 from devstack.supervisor import RouterSupervisor
 from router.config import load_config
@@ -17,17 +16,16 @@ from router.config import load_config
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m devstack")
     parser.add_argument("--config", type=Path, default=ROOT / "router.yaml")
-    parser.add_argument("--envoy-config", type=Path, default=ROOT / "envoy.yaml")
     args = parser.parse_args()
 
     config = load_config(args.config)
-    ports = StackPorts.from_bootstrap(envoy_bootstrap.load(args.envoy_config), config.server.metrics_port)
+    ports = StackPorts.of_config(config)
     workdir = Path(tempfile.mkdtemp(prefix="semantic-router-"))
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    stack = Stack(workdir, ports, args.config, args.envoy_config, capture_logs=False)
+    stack = Stack(workdir, ports, args.config, capture_logs=False)
     print(f"starting: mock backends {ports.backends}, router :{ports.router_grpc}, envoy :{ports.listener}", flush=True)
     with stack:
         print(

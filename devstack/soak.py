@@ -70,13 +70,12 @@ def main() -> None:
     from pathlib import Path
     import tempfile
 
-    from devstack import envoy_bootstrap
-    from devstack.stack import ROOT, Stack, StackPorts
+    from devstack.stack import Stack, StackPorts
 
     p = argparse.ArgumentParser(prog="python -m devstack.soak")
     p.add_argument("--requests", type=int, default=20000)
     args = p.parse_args()
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(ROOT / "envoy.yaml")))
+    ports = StackPorts.free()
     with Stack(Path(tempfile.mkdtemp(prefix="soak-")), ports) as stack:
         asyncio.run(soak(stack.url, 500))  # warm-up: caches, allocator, gRPC connections
         before = process_figures(stack.router.pid)

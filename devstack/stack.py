@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -18,10 +19,10 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from devstack import envoy_bootstrap
+from devstack.envoy_binary import find_envoy
 from devstack.mock_backend import MockBackends
-from router.config import load_config
-from extproc.envoy_config import render_yaml
+from extproc.envoy_config import default_backends, render_yaml
+from router.config import BackendConfig, RouterConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,26 +39,32 @@ class StackPorts:
     admin: int
     router_grpc: int
     router_metrics: int
-    backends: dict[str, int] = field(default_factory=dict)
+    backends: dict[str, int] = field(default_factory=dict)  # model -> its mock backend's port
 
     @classmethod
-    def free(cls, backend_names: Sequence[str]) -> "StackPorts":
-        return cls(free_port(), free_port(), free_port(), free_port(), {n: free_port() for n in backend_names})
+    def free(cls, router_config: Path = ROOT / "router.yaml") -> "StackPorts":
+        """Free ports for everything, one mock backend per model of `router_config`."""
+        models = [b.model for b in default_backends(load_config(router_config))]
+        return cls(free_port(), free_port(), free_port(), free_port(), {m: free_port() for m in models})
 
     @classmethod
-    def from_bootstrap(cls, bootstrap: dict, router_metrics: int) -> "StackPorts":
-        """The ports the committed envoy.yaml names (what `make run` uses)."""
+    def of_config(cls, config: RouterConfig) -> "StackPorts":
+        """The ports the router config itself names (what `make run` uses)."""
+        backends = config.backends or default_backends(config)
+        return cls(config.envoy.listen_port, config.envoy.admin_port, config.server.grpc_port,
+                   config.server.metrics_port, {b.model: b.port for b in backends})
 
-        def port(address: dict) -> int:
-            return envoy_bootstrap.socket_of(address)["port_value"]
 
-        clusters = {
-            c["name"]: port(c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"])
-            for c in bootstrap["static_resources"]["clusters"]
-        }
-        router_grpc = clusters.pop(envoy_bootstrap.ROUTER_CLUSTER)
-        listener = port(bootstrap["static_resources"]["listeners"][0]["address"])
-        return cls(listener, port(bootstrap["admin"]["address"]), router_grpc, router_metrics, clusters)
+def on_stack_ports(config: RouterConfig, ports: StackPorts) -> RouterConfig:
+    """`config` with the stack's ports, every backend a loopback mock: what Envoy's config is
+    rendered from (as `semantic-router envoy-config` renders it)."""
+    return dataclasses.replace(
+        config,
+        server=dataclasses.replace(config.server, grpc_port=ports.router_grpc),
+        envoy=dataclasses.replace(config.envoy, listen_port=ports.listener, admin_port=ports.admin,
+                                  listen_address="127.0.0.1", admin_address="127.0.0.1", router_address="127.0.0.1"),
+        backends=tuple(BackendConfig(model=m, address="127.0.0.1", port=p) for m, p in ports.backends.items()),
+    )
 
 
 class Stack:
@@ -66,10 +73,8 @@ class Stack:
         workdir: Path,
         ports: StackPorts,
         router_config: Path = ROOT / "router.yaml",
-        envoy_config: Path = ROOT / "envoy.yaml",
         router_args: Sequence[str] = (),
         router_env: Mapping[str, str] | None = None,
-        envoy_overrides: Mapping[str, object] | None = None,
         capture_logs: bool = True,
         launch_router: bool = True,
     ):
@@ -78,10 +83,8 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ports = ports
         self.router_config = Path(router_config)
-        self.envoy_config = Path(envoy_config)
         self.router_args = list(router_args)
         self.router_env = dict(router_env or {})
-        self.envoy_overrides = envoy_overrides
         self.capture_logs = capture_logs
         self.launch_router = launch_router
         self.backends = MockBackends(ports.backends)
@@ -158,17 +161,9 @@ class Stack:
     # -- envoy -----------------------------------------------------------------------------
 
     def start_envoy(self, timeout: float = 60.0) -> None:
-        bootstrap = envoy_bootstrap.retarget(
-            envoy_bootstrap.load(self.envoy_config),
-            listener_port=self.ports.listener,
-            admin_port=self.ports.admin,
-            router_port=self.ports.router_grpc,
-            backend_ports=self.ports.backends,
-            overrides=self.envoy_overrides,
-        )
         rendered = self.workdir / "envoy.rendered.yaml"
-        rendered.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
-        cmd = [envoy_bootstrap.find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
+        rendered.write_text(render_yaml(on_stack_ports(load_config(self.router_config), self.ports)))
+        cmd = [find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
         out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
         self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
         self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
@@ -200,18 +195,12 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack_with(workdir: Path, change: Callable[[dict], None], render_envoy: bool = False) -> Iterator[Stack]:
-    """A private stack on router.yaml as `change` edits it; with `render_envoy`, Envoy's config is
-    rendered from the edited file too (else the committed envoy.yaml)."""
+def stack_with(workdir: Path, change: Callable[[dict], None]) -> Iterator[Stack]:
+    """A private stack on router.yaml as `change` edits it (Envoy's config rendered from the edit)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     change(config)
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
-    envoy_config = ROOT / "envoy.yaml"
-    if render_envoy:
-        envoy_config = workdir / "envoy.yaml"
-        envoy_config.write_text(render_yaml(load_config(workdir / "router.yaml")))
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(envoy_config)))
-    s = Stack(workdir, ports, router_config=workdir / "router.yaml", envoy_config=envoy_config)
+    s = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
     s.start()
     try:
         yield s

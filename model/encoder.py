@@ -67,7 +67,7 @@ class SentenceEncoder:
         self.device = resolve_device(config.device)
         budget = cpu_quota.detect()
         # Fixed when configured; otherwise up to the CPUs the process may really use, the count
-        # measured batch by batch (router/thread_policy.py).
+        # measured batch by batch (model/thread_policy.py).
         self.cpu_threads = config.cpu_threads or budget.cpus
         self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None and self.device == "cpu" else None
         self._threads_now = 0
@@ -98,7 +98,7 @@ class SentenceEncoder:
 
     def prepare_thread(self) -> None:
         # torch's intra-op thread count is per calling thread: set it where the model runs, and
-        # only there (router/torch_threads.py says why).
+        # only there (model/torch_threads.py says why).
         if self.device == "cpu":
             self._set_threads(self.cpu_threads)
 

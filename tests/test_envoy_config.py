@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from devstack.envoy_bootstrap import find_envoy
+from devstack.envoy_binary import find_envoy
 from router.config import BackendConfig, load_config
 from extproc.envoy_config import message_timeout_ms, render, render_yaml
 from tests.conftest import ROOT

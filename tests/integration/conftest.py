@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from devstack import envoy_bootstrap
-from devstack.stack import ROOT, Stack, StackPorts
+from devstack.envoy_binary import find_envoy
+from devstack.stack import Stack, StackPorts
 
 
 def pytest_collection_modifyitems(items):
@@ -20,15 +20,14 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def envoy_binary() -> str:
     try:
-        return envoy_bootstrap.find_envoy()
+        return find_envoy()
     except FileNotFoundError as exc:
         pytest.fail(f"integration tests need Envoy: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory, envoy_binary):
-    bootstrap = envoy_bootstrap.load(ROOT / "envoy.yaml")
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(bootstrap))
+    ports = StackPorts.free()
     s = Stack(tmp_path_factory.mktemp("stack"), ports)
     s.start()
     yield s

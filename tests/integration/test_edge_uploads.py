@@ -18,7 +18,7 @@ def bounded_stack(tmp_path_factory, envoy_binary):
     def shorten(config):  # the shipped 60 s, shortened for the test
         config["envoy"]["request_timeout_s"] = REQUEST_TIMEOUT_S
 
-    with stack_with(tmp_path_factory.mktemp("uploads"), shorten, render_envoy=True) as s:
+    with stack_with(tmp_path_factory.mktemp("uploads"), shorten) as s:
         yield s
 
 

@@ -9,7 +9,6 @@ import httpx
 import pytest
 import yaml
 
-from devstack import envoy_bootstrap
 from devstack.stack import ROOT, Stack, StackPorts
 from tests.fakes import FakeBackend
 from tests.integration.conftest import metric, scrape
@@ -37,7 +36,7 @@ class FaultyBackend(FakeBackend):
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, envoy_binary):
     cfg = yaml.safe_load((ROOT / "router.yaml").read_text())
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(ROOT / "envoy.yaml")))
+    ports = StackPorts.free()
     cfg["cache_size"] = 0
     cfg["batching"].update(max_batch_size=1, max_queue_requests=2)
     cfg["server"].update(grpc_port=ports.router_grpc, metrics_port=ports.router_metrics, deadline_ms=500)

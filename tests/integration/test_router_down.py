@@ -8,8 +8,7 @@ import time
 import httpx
 import pytest
 
-from devstack import envoy_bootstrap
-from devstack.stack import ROOT, Stack, StackPorts
+from devstack.stack import Stack, StackPorts
 from devstack.supervisor import RouterSupervisor
 
 MATH = {"model": "auto", "messages": [{"role": "user", "content": "solve the equation 5x + 2 = 17"}]}
@@ -18,7 +17,7 @@ MATH = {"model": "auto", "messages": [{"role": "user", "content": "solve the equ
 @pytest.fixture(scope="module")
 def own_stack(tmp_path_factory, envoy_binary):
     # A private stack: this test kills its router.
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(ROOT / "envoy.yaml")))
+    ports = StackPorts.free()
     s = Stack(tmp_path_factory.mktemp("router-down"), ports)
     s.start()
     yield s

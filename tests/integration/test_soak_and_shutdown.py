@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from devstack import envoy_bootstrap
 from devstack.soak import process_figures, soak
-from devstack.stack import ROOT, Stack, StackPorts
+from devstack.stack import Stack, StackPorts
 from tests.integration.conftest import metric, scrape
 
 SHORT_SOAK_REQUESTS = 3000
@@ -21,7 +20,7 @@ SHORT_SOAK_REQUESTS = 3000
 
 @pytest.fixture
 def own_stack(tmp_path, envoy_binary):
-    ports = StackPorts.free(envoy_bootstrap.backend_clusters(envoy_bootstrap.load(ROOT / "envoy.yaml")))
+    ports = StackPorts.free()
     s = Stack(tmp_path, ports)
     s.start()
     yield s
