@@ -162,24 +162,25 @@ class BatchQueue:
             expired = [i for i in window if not i.cancelled and i.deadline <= now]
             cancelled = [i for i in window if i.cancelled]
             live = [i for i in window if not i.cancelled and i.deadline > now]
+            judge = cost if cost is not None and cost.ready else None  # no predictions before it has data
             late: list[WorkItem] = []
-            if cost is not None and cost.ready:
+            if judge is not None:
                 # Even alone it would answer too late: refuse now rather than compute for nobody.
                 keep: list[WorkItem] = []
                 for i in live:
-                    (late if now + cost.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
+                    (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
                 live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0
             if live:
                 budget = max_tokens
-                if cost is not None and cost.ready:  # the oldest item must still meet its deadline
-                    within = cost.max_tokens_within(live[0].deadline - now - margin)
+                if judge is not None:  # the oldest item must still meet its deadline
+                    within = judge.max_tokens_within(live[0].deadline - now - margin)
                     budget = int(min(max_tokens, max(live[0].n_tokens, within)))
                 picked = set(choose_batch(live, max_size, budget, max_padding))
                 chosen = [live[i] for i in sorted(picked)]
-                if cost is not None and cost.ready:
-                    predicted = cost.predict(max(i.n_tokens for i in chosen) * len(chosen))
+                if judge is not None:
+                    predicted = judge.predict(max(i.n_tokens for i in chosen) * len(chosen))
                     finish = now + predicted + margin
                     late += [i for i in chosen if i.deadline < finish]
                     chosen = [i for i in chosen if i.deadline >= finish]

@@ -77,13 +77,17 @@ _PLAIN = re.compile(r'[^"\[\]{}]*')  # a run with nothing structural: sre's fast
 _SCALAR = re.compile(r"[^,}\]\s]+")
 
 
+def _string_end(text: str, i: int) -> int:
+    m = _STRING.match(text, i)
+    if m is None:
+        raise ValueError("unterminated string")
+    return m.end()
+
+
 def _value_end(text: str, i: int) -> int:
     c = text[i : i + 1]
     if c == '"':
-        m = _STRING.match(text, i)
-        if m is None:
-            raise ValueError("unterminated string")
-        return m.end()
+        return _string_end(text, i)
     if c in ("[", "{"):
         depth, n = 0, len(text)
         while True:
@@ -92,10 +96,7 @@ def _value_end(text: str, i: int) -> int:
                 raise ValueError("unbalanced brackets")
             ch = text[i]
             if ch == '"':
-                m = _STRING.match(text, i)
-                if m is None:
-                    raise ValueError("unterminated string")
-                i = m.end()
+                i = _string_end(text, i)
                 continue
             depth += 1 if ch in "[{" else -1
             i += 1
@@ -107,6 +108,15 @@ def _value_end(text: str, i: int) -> int:
     return m.end()
 
 
+def _closes(text: str, i: int) -> bool:
+    """Whether the top-level object ends at `i`; nothing but whitespace may follow it."""
+    if text[i : i + 1] != "}":
+        return False
+    if _SPACE.match(text, i + 1).end() != len(text):
+        raise ValueError("data after the object")
+    return True
+
+
 def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, int]]:
     """(key, start, end) of each top-level member's value in the JSON object `text`, in order,
     without decoding the values; with `stop_at`, stops after that key."""
@@ -115,9 +125,7 @@ def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, 
         other = json.loads(text)  # not JSON at all (ValueError), or JSON of another kind
         raise BadBody("not_object", f"body is a JSON {type(other).__name__}, not an object")
     i = _SPACE.match(text, i + 1).end()
-    if text[i : i + 1] == "}":
-        if _SPACE.match(text, i + 1).end() != len(text):
-            raise ValueError("data after the object")
+    if _closes(text, i):
         return
     while True:
         if text[i : i + 1] != '"':
@@ -132,9 +140,7 @@ def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, 
         if key == stop_at:
             return
         i = _SPACE.match(text, end).end()
-        if text[i : i + 1] == "}":
-            if _SPACE.match(text, i + 1).end() != len(text):
-                raise ValueError("data after the object")
+        if _closes(text, i):
             return
         if text[i : i + 1] != ",":
             raise ValueError("expected ',' or '}'")

@@ -12,7 +12,7 @@ import numpy as np
 
 from filters.context import ImmediateReply, RequestContext
 from router.engine import RoutingEngine, RoutingUnavailable
-from router.settings_loader import FieldError, build
+from router.settings_loader import SettingError, build
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class BodySizeSettings:
 
     def __post_init__(self):
         if self.max_bytes < 1:
-            raise FieldError("max_bytes", "must be at least 1")
+            raise SettingError("max_bytes", "must be at least 1")
 
 
 class BodySizeLimit:
@@ -99,9 +99,9 @@ class PromptGuardSettings:
 
     def __post_init__(self):
         if not self.exemplars:
-            raise FieldError("exemplars", "needs at least one blocked exemplar")
+            raise SettingError("exemplars", "needs at least one blocked exemplar")
         if not -1.0 <= self.threshold <= 1.0:
-            raise FieldError("threshold", "must be between -1 and 1")
+            raise SettingError("threshold", "must be between -1 and 1")
 
 
 class PromptGuard:

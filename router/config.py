@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 
 from batching import BatcherSettings
-from router.settings_loader import ConfigError, FieldError, build
+from router.settings_loader import ConfigError, SettingError, build
 
 __all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
 
@@ -22,7 +22,7 @@ _HEADER_SAFE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
-        raise FieldError(key, message)
+        raise SettingError(key, message)
 
 
 def _header_safe(value: str, key: str) -> None:

@@ -7,17 +7,15 @@ import types
 import typing
 from typing import Any, get_args, get_origin
 
+# What a settings dataclass's own checks raise, in every room (the batcher's settings included,
+# which cannot import the router); `build` turns it into a ConfigError naming the full key.
+from batching import SettingError
+
+__all__ = ["ConfigError", "SettingError", "build"]
+
 
 class ConfigError(ValueError):
     """A config value is missing, unknown or of the wrong shape; the message names its key."""
-
-
-class FieldError(ValueError):
-    """Raised by a dataclass's own checks; `build` turns it into a ConfigError with the full key."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 def build(cls: type, data: Any, path: str) -> Any:
@@ -42,10 +40,10 @@ def build(cls: type, data: Any, path: str) -> Any:
         return cls(**kwargs)
     except ConfigError:
         raise
+    except SettingError as exc:
+        raise ConfigError(f"{_join(path, exc.field)}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        # FieldError, or another room's own check that names its field (batching.SettingError).
-        field = getattr(exc, "field", None)
-        raise ConfigError(f"{_join(path, field) if field else path or 'config'}: {exc}") from None
+        raise ConfigError(f"{path or 'config'}: {exc}") from None
 
 
 def _join(path: str, key: str | int) -> str:
