@@ -2,4 +2,5 @@ import sys
 
 from app.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a pool's child process imports this module
+    sys.exit(main())

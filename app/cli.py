@@ -42,14 +42,49 @@ def _with_server_overrides(config: RouterConfig, args: argparse.Namespace) -> Ro
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from app import pool
     from app.logs import setup_logging
     from app.server import PortInUse, RouterServer
 
     setup_logging(args.log_level)
     config = _with_server_overrides(_load(args.config), args)
+    if args.workers is not None:
+        config = dataclasses.replace(config, server=dataclasses.replace(
+            config.server, workers=args.workers if args.workers == "auto" else int(args.workers)))
+    workers = pool.resolve_workers(config)
     try:
+        if workers > 1:
+            return pool.WorkerPool(config, args.config, workers, args.log_level).run()
         asyncio.run(RouterServer(config, args.config).run_until_signal())
-    except PortInUse as exc:
+    except (PortInUse, pool.PortInUse) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _workers_flag(value: str) -> str:
+    if value == "auto" or (value.isdigit() and 1 <= int(value) <= 64):
+        return value
+    raise argparse.ArgumentTypeError(f"expected auto or a number from 1 to 64, got {value!r}")
+
+
+def cmd_model_server(args: argparse.Namespace) -> int:
+    """The model process alone, for front ends in other processes or pods (encoder.socket)."""
+    from prometheus_client import start_http_server
+
+    from app.logs import setup_logging
+    from app.model_process import ModelProcess
+    from modelsock.server import SocketInUse
+
+    setup_logging(args.log_level, process="model")
+    config = _load(args.config)
+    if args.device:
+        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, device=args.device))
+    if args.metrics_port is not None:
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    try:
+        asyncio.run(ModelProcess(config, args.socket).run_until_signal())
+    except SocketInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -215,8 +250,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-host")
     serve.add_argument("--metrics-port", type=int)
     serve.add_argument("--deadline-ms", type=float)
+    serve.add_argument("--workers", type=_workers_flag, help="auto or N: overrides server.workers")
     serve.add_argument("--log-level", default=os.environ.get("SEMANTIC_ROUTER_LOG_LEVEL", "info"))
     serve.set_defaults(func=cmd_serve)
+
+    ms = sub.add_parser("model-server", help="run only the model process, serving embeddings on a Unix socket")
+    ms.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ms.add_argument("--socket", required=True, help="the path front ends name as encoder.socket")
+    ms.add_argument("--device", help="overrides encoder.device")
+    ms.add_argument("--metrics-host", default="127.0.0.1")
+    ms.add_argument("--metrics-port", type=int, help="serve /metrics here (default: none)")
+    ms.add_argument("--log-level", default=os.environ.get("SEMANTIC_ROUTER_LOG_LEVEL", "info"))
+    ms.set_defaults(func=cmd_model_server)
 
     classify = sub.add_parser("classify", help="print the route chosen for each text")
     classify.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

@@ -24,9 +24,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(level: str = "info") -> None:
+class _ProcessName(logging.Filter):
+    """Names the pool process (model | worker-N) on every line: a pool's children share stderr."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name_ = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.process_name = self.name_
+        return True
+
+
+def setup_logging(level: str = "info", process: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    if process is not None:
+        handler.addFilter(_ProcessName(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

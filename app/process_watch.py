@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 from router import metrics
 
 
-async def update_process_gauges(interval: float = 1.0) -> None:
+async def update_process_gauges(process: str, interval: float = 1.0) -> None:
+    cpu = metrics.PROCESS_CPU.labels(process)
     while True:
         metrics.LOOP_TASKS.set(len(asyncio.all_tasks()))
         metrics.THREADS.set(threading.active_count())
+        times = os.times()
+        cpu.set(times.user + times.system)
         await asyncio.sleep(interval)
 
 
-async def watch_loop_lag(tick: float = 0.05, window_s: float = 10.0) -> None:
+async def watch_loop_lag(process: str, tick: float = 0.05, window_s: float = 10.0) -> None:
     """A saturated loop delays every stream before the batcher can see it: measure it."""
     loop = asyncio.get_running_loop()
+    lag_max = metrics.LOOP_LAG_MAX.labels(process)
     worst, window_start = 0.0, loop.time()
     while True:
         before = loop.time()
@@ -27,4 +32,4 @@ async def watch_loop_lag(tick: float = 0.05, window_s: float = 10.0) -> None:
         if before - window_start > window_s:
             worst, window_start = 0.0, before
         worst = max(worst, lag)
-        metrics.LOOP_LAG_MAX.set(worst)
+        lag_max.set(worst)

@@ -1,6 +1,6 @@
-"""The router process and its composition root: builds every piece in order (config -> model
-backend -> batcher -> engine -> filter chain -> gRPC service), swaps the (engine, chain) pair on
-reload, drains on SIGTERM."""
+"""The router process and its composition root: builds every piece in order (config -> embedder
+(the model and its batcher here, or a client of a model process) -> engine -> filter chain ->
+gRPC service), swaps the (engine, chain) pair on reload, drains on SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from app import process_watch
-from batching import Backend, ContinuousBatcher
+from batching import Backend, ContinuousBatcher, Embedder
 from extproc.service import ExtProcService
 from filters.chain import FilterChain
 from model.encoder import SentenceEncoder
 from model.torch_threads import on_own_thread
+from modelsock.client import ModelClient
 from router import metrics
 from router.classifier import RouteClassifier
 from router.config import RouterConfig, load_config
@@ -52,21 +53,27 @@ class RouterServer:
         config: RouterConfig,
         config_path: Path | None = None,
         backend_factory: Callable[[RouterConfig], Backend] | None = None,
+        pool_worker: int | None = None,
     ):
         # backend_factory: what to run instead of the configured sentence-transformers model
         # (fault-injection tests); None loads config.encoder.
+        # pool_worker: this process's index among the workers that share grpc_port (app.pool);
+        # the pool then serves /metrics for all of them.
         self._backend_factory = backend_factory or (lambda cfg: SentenceEncoder(cfg.encoder))
+        self.pool_worker = pool_worker
         self.config = config
         self.config_path = config_path
         self.backend: Backend | None = None
-        self.batcher: ContinuousBatcher | None = None
+        self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()
-        self.ext_proc = ExtProcService()
+        self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
+        self.ext_proc = ExtProcService(self.process)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.metrics_port = 0
         self._metrics_http = None
         self._reload_lock = asyncio.Lock()
+        self._stopping = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
         # What the file said at start (CLI flags may override server.*): reload warns against this.
         self._file_config = load_config(config_path) if config_path is not None else config
@@ -83,29 +90,24 @@ class RouterServer:
 
     async def start(self) -> None:
         cfg = self.config.server
-        self._metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
-        self.metrics_port = self._metrics_http.server_port
+        if self.pool_worker is None:
+            self._metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
+            self.metrics_port = self._metrics_http.server_port
         # SO_REUSEPORT (gRPC's default) would let a second router bind the same port silently and
-        # take a share of Envoy's connections.
+        # take a share of Envoy's connections: only a pool's own workers share it (the pool has
+        # checked that the port was free).
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                                             ("grpc.so_reuseport", 0)])
+                                             ("grpc.so_reuseport", int(self.pool_worker is not None))])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
         FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
-        try:
-            self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
-        except RuntimeError as exc:
-            self._metrics_http.shutdown()
-            raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
-                            "(another router running?)") from exc
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.grpc.start()
-        loop = asyncio.get_running_loop()
-        # Model load and warm-up block for seconds: keep the loop (health checks) answering.
-        self.backend = await loop.run_in_executor(None, self._backend_factory, self.config)
-        self.batcher = ContinuousBatcher(self.backend, self.config.batching, PrometheusBatchObserver())
-        self.batcher.start(loop)
-        await self.batcher.started()  # warm-up runs on the model thread
+        # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
+        # A pool's worker listens only once it can route: while it starts, its siblings take the
+        # connections the kernel would otherwise hand it.
+        if self.pool_worker is None:
+            await self._listen()
+        self.embedder = await self._start_embedder()
         # torch, transformers and the model leave ~440k long-lived objects: every full collection
         # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
         # between ops), a latency spike every few seconds of traffic. Frozen, they are never
@@ -113,16 +115,56 @@ class RouterServer:
         gc.collect()
         gc.freeze()
         self._activate(self.config, *await self._build_routing(self.config))
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(self._serving_status())
+        if self.pool_worker is not None:
+            await self._listen()
         if self.config_path is not None and self.config.server.watch_config_s > 0:
             self._spawn(self._watch_config(self.config.server.watch_config_s))
-        self._spawn(process_watch.update_process_gauges())
-        self._spawn(process_watch.watch_loop_lag())
+        self._spawn(process_watch.update_process_gauges(self.process))
+        self._spawn(process_watch.watch_loop_lag(self.process))
         log.info(
             "router serving",
             extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
                    "device": getattr(self.backend, "device", "n/a")},
         )
+
+    async def _listen(self) -> None:
+        cfg = self.config.server
+        try:
+            self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        except RuntimeError as exc:
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
+            raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
+                            "(another router running?)") from exc
+        await self.grpc.start()
+
+    async def _start_embedder(self) -> Embedder:
+        """A client of the model process at encoder.socket, or the model and its batcher here."""
+        loop = asyncio.get_running_loop()
+        if self.config.encoder.socket is not None:
+            client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state)
+            client.start(loop)
+            await client.started()
+            return client
+        # Model load and warm-up block for seconds: keep the loop (health checks) answering.
+        self.backend = await loop.run_in_executor(None, self._backend_factory, self.config)
+        batcher = ContinuousBatcher(self.backend, self.config.batching, PrometheusBatchObserver())
+        batcher.start(loop)
+        await batcher.started()  # warm-up runs on the model thread
+        return batcher
+
+    def _serving_status(self):
+        model_away = isinstance(self.embedder, ModelClient) and not self.embedder.connected
+        if self.ext_proc.routing is None or model_away:
+            return health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse.SERVING
+
+    def _on_model_state(self, up: bool) -> None:
+        # While the model process is away requests fall back (ModelUnavailable): still answered,
+        # but not routed, so the health checks say so.
+        if self.ext_proc.routing is not None and not self._stopping:
+            self._spawn(self._set_health(self._serving_status()))
 
     async def _build_routing(self, config: RouterConfig) -> tuple[RoutingEngine, FilterChain]:
         """The engine for `config` and its filter chain, set up and ready to serve together.
@@ -132,7 +174,7 @@ class RouterServer:
         vectors: list[np.ndarray] = []
         step = max(1, config.batching.max_queue_requests // 2)
         for i in range(0, len(texts), step):
-            vectors += await asyncio.gather(*(self.batcher.embed(t, deadline) for t in texts[i : i + step]))
+            vectors += await asyncio.gather(*(self.embedder.embed(t, deadline) for t in texts[i : i + step]))
         lookup = dict(zip(texts, vectors))
 
         def encode(batch: Sequence[str]) -> np.ndarray:
@@ -141,7 +183,7 @@ class RouterServer:
         # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
         # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
         classifier = await on_own_thread(RouteClassifier, config, encode)
-        engine = RoutingEngine(config, self.batcher, classifier)
+        engine = RoutingEngine(config, self.embedder, classifier)
         return engine, await FilterChain.for_engine(engine)
 
     def _activate(self, config: RouterConfig, engine: RoutingEngine, chain: FilterChain) -> None:
@@ -195,6 +237,7 @@ class RouterServer:
     async def stop(self) -> None:
         """NOT_SERVING first, keep serving for shutdown_delay_s while that propagates (readiness
         probes, health-checking peers), then refuse new streams, finish in-flight ones, drain."""
+        self._stopping = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         for task in list(self._tasks):
             task.cancel()
@@ -202,8 +245,8 @@ class RouterServer:
         grace = self.config.server.shutdown_grace_s
         if self.grpc is not None:
             await self.grpc.stop(grace)
-        if self.batcher is not None:
-            await self.batcher.aclose(grace)
+        if self.embedder is not None:
+            await self.embedder.aclose(grace)
         self.ext_proc.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -212,14 +255,18 @@ class RouterServer:
     def on_sighup(self) -> asyncio.Task:
         return self._spawn(self.reload("sighup"))
 
-    async def run_until_signal(self) -> None:
+    async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
+                               signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         await self.start()
         loop.add_signal_handler(signal.SIGHUP, self.on_sighup)
-        print(f"router ready grpc={self.grpc_port} metrics={self.metrics_port}", flush=True)
+        if on_ready is not None:
+            on_ready()
+        else:
+            print(f"router ready grpc={self.grpc_port} metrics={self.metrics_port}", flush=True)
         await stop.wait()
         log.info("shutdown requested")
         await self.stop()

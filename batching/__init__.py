@@ -3,10 +3,10 @@
 Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and get back a vector.
 """
 
-from batching.backend import Backend
+from batching.backend import Backend, Embedder
 from batching.batcher import ContinuousBatcher
 from batching.cost_model import BatchCostModel
-from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.settings import BatcherSettings, SettingError
 
@@ -19,6 +19,8 @@ __all__ = [
     "BatchObserver",
     "ContinuousBatcher",
     "DeadlineExceeded",
+    "Embedder",
+    "ModelUnavailable",
     "NullObserver",
     "Overloaded",
     "SettingError",

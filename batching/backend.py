@@ -26,3 +26,19 @@ class Backend(Protocol):
     def warmup(self) -> None:
         """Run representative shapes once so the first real batch is not slow."""
         ...
+
+
+class Embedder(Protocol):
+    """What callers embed through: the batcher in this process, or a client of the batcher in a
+    model process (modelsock.client). Both raise BatcherError subclasses, never wait past `deadline`."""
+
+    async def embed(self, text: str, deadline: float) -> np.ndarray:
+        """The embedding of `text`; `deadline` is time.monotonic() seconds."""
+        ...
+
+    async def started(self) -> None:
+        """Returns once embeddings can be asked for."""
+        ...
+
+    async def aclose(self, drain_timeout: float = 10.0) -> None:
+        ...

@@ -20,3 +20,7 @@ class DeadlineExceeded(BatcherError):
 
 class BatcherClosed(BatcherError):
     """The batcher is shutting down and takes no new work."""
+
+
+class ModelUnavailable(BatcherError):
+    """The model runs in another process that cannot be reached now (starting, restarting, gone)."""

@@ -68,7 +68,8 @@ class _Stream:
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self):
+    def __init__(self, process: str = "router"):
+        self._streams = metrics.STREAMS.labels(process)
         # The engine and its chain, read as one snapshot per request: a config reload swaps the
         # pair (serve) without touching requests in flight. None until the first engine is built.
         self.routing: tuple[RoutingEngine, FilterChain] | None = None
@@ -82,6 +83,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
+        self._streams.inc()
         async for request in request_iterator:
             kind = request.WhichOneof("request")
             if kind == "request_headers":

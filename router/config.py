@@ -39,6 +39,10 @@ class EncoderConfig:
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
     cpu_bf16: bool = False  # bf16 autocast on CPU: ~1.8x faster where the CPU has bf16 units, slightly different scores
     torchscript: bool = True  # CPU: run the model as one traced graph (checked against eager at load)
+    # A model process to embed through (its Unix socket, e.g. a node's embedding DaemonSet): the
+    # router loads no model then, and the keys above are that process's business. None: the model
+    # runs in this router (in its own model process when server.workers > 1).
+    socket: str | None = None
 
     def __post_init__(self):
         _require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
@@ -97,8 +101,13 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # after the delay: in-flight streams get this long to finish
     shutdown_delay_s: float = 1.0  # on SIGTERM: report NOT_SERVING but keep serving this long first
     watch_config_s: float = 2.0  # poll the config file for changes this often; 0 turns it off (SIGHUP still works)
+    # ext_proc front-end processes sharing grpc_port (SO_REUSEPORT), fed by one model process.
+    # 1: one process does everything. auto: half the CPUs the router may use (the rest are for
+    # Envoy and the model process's tokenizer and GPU feeding).
+    workers: int | Literal["auto"] = 1
 
     def __post_init__(self):
+        _require(self.workers == "auto" or 1 <= self.workers <= 64, "workers", "must be auto or between 1 and 64")
         for name in ("grpc_port", "metrics_port"):
             _require(0 <= getattr(self, name) <= 65535, name, "must be a port number (0 picks a free one)")
         _require(self.deadline_ms > 0, "deadline_ms", "must be positive")

@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from batching import BatcherClosed, ContinuousBatcher, DeadlineExceeded, Overloaded
+from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable, Overloaded
 from router import metrics
 from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
@@ -20,7 +20,7 @@ _CACHEABLE_CHARS = 8192  # longer prompts are rare repeats and would pin memory 
 
 class RoutingUnavailable(Exception):
     """No embedding for this prompt: the batcher is overloaded, the deadline passed, the router is
-    shutting down, or the model failed. `reason` is the fallback reason a request reports."""
+    shutting down, the model process is away, or the model failed. `reason` is the fallback reason a request reports."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -34,12 +34,14 @@ def _fallback_reason(exc: Exception) -> str:
         return "fallback_timeout"
     if isinstance(exc, BatcherClosed):
         return "fallback_shutdown"
+    if isinstance(exc, ModelUnavailable):  # the model process is restarting or gone
+        return "fallback_unavailable"
     log.warning("embedding failed: %s", type(exc).__name__)
     return "fallback_error"
 
 
 class RoutingEngine:
-    def __init__(self, config: RouterConfig, batcher: ContinuousBatcher, classifier: RouteClassifier):
+    def __init__(self, config: RouterConfig, batcher: Embedder, classifier: RouteClassifier):
         self.config = config
         self.batcher = batcher
         self.classifier = classifier

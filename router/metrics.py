@@ -35,8 +35,11 @@ PADDING_RATIO = Histogram(
 )
 QUEUE_WAIT = Histogram("semantic_router_queue_wait_seconds", "Time a request waited before its batch ran.", buckets=_LATENCY)
 INFERENCE = Histogram("semantic_router_inference_seconds", "Model time per batch.", buckets=_LATENCY)
-QUEUE_DEPTH = Gauge("semantic_router_queue_depth", "Requests waiting in the batcher (admitted, not yet batched).")
-QUEUE_TOKENS = Gauge("semantic_router_queue_tokens", "Tokens waiting in the batcher.")
+# multiprocess_mode: how a pool's /metrics (app.pool) joins one gauge across its processes;
+# ignored when one process does everything.
+QUEUE_DEPTH = Gauge("semantic_router_queue_depth", "Requests waiting in the batcher (admitted, not yet batched).",
+                    multiprocess_mode="livesum")
+QUEUE_TOKENS = Gauge("semantic_router_queue_tokens", "Tokens waiting in the batcher.", multiprocess_mode="livesum")
 BATCHER_DROPPED = Counter(
     "semantic_router_batcher_dropped_total",
     "Requests the batcher did not embed, by reason (overload|expired|cancelled|error).",
@@ -45,9 +48,11 @@ BATCHER_DROPPED = Counter(
 LOOP_TASKS = Gauge("semantic_router_event_loop_tasks", "asyncio tasks alive in the router (leak watch).")
 THREADS = Gauge("semantic_router_threads", "Threads alive in the router process (leak watch).")
 CPU_BUDGET = Gauge(
-    "semantic_router_cpu_budget", "CPUs the router may use: affinity mask and CFS quota (cgroup v1/v2), smallest."
+    "semantic_router_cpu_budget", "CPUs the router may use: affinity mask and CFS quota (cgroup v1/v2), smallest.",
+    multiprocess_mode="livemax",
 )
-MODEL_THREADS = Gauge("semantic_router_model_threads", "torch threads the model thread runs its current batch with.")
+MODEL_THREADS = Gauge("semantic_router_model_threads", "torch threads the model thread runs its current batch with.",
+                      multiprocess_mode="livemax")
 THREAD_BATCHES = Counter(
     "semantic_router_model_thread_batches_total",
     "Model batches by the torch thread count they ran with (fewer than the budget: CPU contention).",
@@ -58,7 +63,15 @@ LOOP_LAG = Histogram(
     "How late the event loop ran a timer: time a request waits for the loop before the router sees it.",
     buckets=_LATENCY,
 )
-LOOP_LAG_MAX = Gauge("semantic_router_event_loop_lag_max_seconds", "Largest event-loop lag in the last 10 seconds.")
+LOOP_LAG_MAX = Gauge("semantic_router_event_loop_lag_max_seconds",
+                     "Largest event-loop lag in the last 10 seconds, by process (router | worker-N | model).",
+                     ["process"], multiprocess_mode="livemax")
+PROCESS_CPU = Gauge("semantic_router_process_cpu_seconds",
+                    "CPU time (user + system, all threads) of each router process (router | worker-N | model).",
+                    ["process"], multiprocess_mode="livemax")
+STREAMS = Counter("semantic_router_ext_proc_streams_total",
+                  "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
+                  ["process"])
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
 
 

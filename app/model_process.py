@@ -1,0 +1,71 @@
+"""The model process: owns the model and the one continuous batcher, and serves embeddings on a
+Unix socket to every front end that connects (a pool's workers, or routers in other pods of the
+node through a shared volume)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+from pathlib import Path
+from typing import Callable
+
+from app import process_watch
+from batching import Backend, ContinuousBatcher
+from model.encoder import SentenceEncoder
+from modelsock.server import ModelSocketServer
+from router.config import RouterConfig
+from router.metrics import PrometheusBatchObserver
+
+log = logging.getLogger(__name__)
+
+
+class ModelProcess:
+    def __init__(self, config: RouterConfig, socket_path: str | Path,
+                 backend_factory: Callable[[RouterConfig], Backend] | None = None):
+        self.config = config
+        self.socket_path = Path(socket_path)
+        self._backend_factory = backend_factory or (lambda cfg: SentenceEncoder(cfg.encoder))
+        self.batcher: ContinuousBatcher | None = None
+        self.server: ModelSocketServer | None = None
+        self._watches: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        backend = await loop.run_in_executor(None, self._backend_factory, self.config)
+        self.batcher = ContinuousBatcher(backend, self.config.batching, PrometheusBatchObserver())
+        self.batcher.start(loop)
+        await self.batcher.started()
+        gc.collect()
+        gc.freeze()  # see RouterServer.start: the model's objects are never scanned again
+        info = {"model": self.config.encoder.model, "dimension": getattr(backend, "dimension", None),
+                "device": getattr(backend, "device", "n/a")}
+        self.server = ModelSocketServer(self.batcher, self.socket_path, info)
+        await self.server.start()
+        self._watches = [asyncio.create_task(process_watch.update_process_gauges("model")),
+                         asyncio.create_task(process_watch.watch_loop_lag("model"))]
+
+    async def stop(self) -> None:
+        """Refuses new front ends, then answers what is queued."""
+        for task in self._watches:
+            task.cancel()
+        if self.server is not None:
+            await self.server.close()
+        if self.batcher is not None:
+            await self.batcher.aclose(self.config.server.shutdown_grace_s)
+        log.info("model process stopped")
+
+    async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
+                               signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        if on_ready is not None:
+            on_ready()
+        else:
+            print(f"model ready socket={self.socket_path}", flush=True)
+        await stop.wait()
+        await self.stop()

@@ -1,0 +1,110 @@
+"""Puts an Embedder (the model process's batcher) on a Unix socket for any number of front ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from batching import Embedder
+from modelsock import wire
+
+log = logging.getLogger(__name__)
+
+
+class SocketInUse(RuntimeError):
+    """Another model process answers on this socket path."""
+
+
+class _Connection(asyncio.Protocol):
+    """One front end: its requests run as tasks; a CANCEL, or the front end going away, cancels
+    them, and a cancelled request leaves the batcher's queue without being computed."""
+
+    def __init__(self, embedder: Embedder, hello: bytes):
+        self._embedder = embedder
+        self._hello = hello
+        self._reader = wire.FrameReader()
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._out: wire.FrameWriter | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+        self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
+        self._out.write(wire.hello_frame(self._hello))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except wire.ProtocolError as exc:
+            log.warning("dropping a front end that broke the protocol", extra={"error": str(exc)})
+            self._transport.close()
+            return
+        now = time.monotonic()
+        for kind, payload in frames:
+            if kind == wire.EMBED:
+                request_id, budget, text = wire.split_embed(payload)
+                task = asyncio.create_task(self._answer(request_id, text, now + budget))
+                self._tasks[request_id] = task
+            elif kind == wire.CANCEL:
+                task = self._tasks.pop(wire.request_id_of(payload), None)
+                if task is not None:
+                    task.cancel()
+
+    async def _answer(self, request_id: int, text: str, deadline: float) -> None:
+        try:
+            vector = await self._embedder.embed(text, deadline)
+            self._out.write(wire.vector_frame(request_id, vector.tobytes()))
+        except asyncio.CancelledError:
+            pass  # the front end gave up: nothing to answer
+        except Exception as exc:
+            self._out.write(wire.error_frame(request_id, exc))
+        finally:
+            self._tasks.pop(request_id, None)
+
+    def connection_lost(self, exc) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+
+class ModelSocketServer:
+    def __init__(self, embedder: Embedder, path: str | Path, info: dict):
+        self.embedder = embedder
+        self.path = Path(path)
+        self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        """Listens once the embedder is warm: a front end that connects can be answered at once."""
+        claim(self.path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self.embedder, self._hello), str(self.path))
+        log.info("model socket listening", extra={"socket": str(self.path)})
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self.path.is_socket():
+            self.path.unlink()
+
+
+def claim(path: Path) -> None:
+    """Removes a stale socket file left by a model process that died; refuses a live one."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a leftover
+        return
+    finally:
+        probe.close()
+    raise SocketInUse(f"{path}: another model process is serving on it")

@@ -1,0 +1,124 @@
+"""The frames front ends and the model process exchange over a Unix socket.
+
+Every frame is a little-endian u32 length (of what follows), a u8 kind, then the kind's fields.
+Chosen by measurement over JSON lines and pickle (README, "Scale-out"): a fixed header and the
+vector's raw float32 bytes cost one struct call and one copy each way.
+
+  front end -> model   EMBED   u32 id, f32 budget_s, utf-8 text    (budget: seconds left before
+                                                                     the caller's deadline)
+                       CANCEL  u32 id                               (the caller gave up: never compute)
+  model -> front end   HELLO   utf-8 JSON {model, dimension, pid}   (first frame; sent once warm)
+                       VECTOR  u32 id, float32 x dimension
+                       ERROR   u32 id, u8 code, utf-8 message
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from batching import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, WouldMissDeadline
+
+EMBED, CANCEL, HELLO, VECTOR, ERROR = 1, 2, 3, 4, 5
+
+_HEAD = struct.Struct("<IB")  # length, kind
+_ID = struct.Struct("<I")
+_EMBED = struct.Struct("<IBIf")  # length, kind, id, budget
+_ID_FRAME = struct.Struct("<IBI")  # length, kind, id
+_ERROR = struct.Struct("<IBIB")  # length, kind, id, code
+_EMBED_FIELDS = struct.Struct("<If")
+MAX_FRAME = 16 * 1024 * 1024  # a longer length is a broken or foreign peer: drop the connection
+
+# Error codes keep the batcher's refusal kinds across the boundary: the engine's fallback reason
+# depends on which it was.
+_CODES: dict[type[BatcherError], int] = {
+    WouldMissDeadline: 2, Overloaded: 1, DeadlineExceeded: 3, BatcherClosed: 4, ModelUnavailable: 5,
+}
+_ERRORS = {code: cls for cls, code in _CODES.items()}
+_OTHER = 0
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def embed_frame(request_id: int, budget_s: float, text: bytes) -> bytes:
+    return _EMBED.pack(9 + len(text), EMBED, request_id, budget_s) + text
+
+
+def cancel_frame(request_id: int) -> bytes:
+    return _ID_FRAME.pack(5, CANCEL, request_id)
+
+
+def hello_frame(info: bytes) -> bytes:
+    return _HEAD.pack(1 + len(info), HELLO) + info
+
+
+def vector_frame(request_id: int, vector: bytes) -> bytes:
+    return _ID_FRAME.pack(5 + len(vector), VECTOR, request_id) + vector
+
+
+def error_frame(request_id: int, exc: BaseException) -> bytes:
+    code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), _OTHER)
+    message = str(exc)[:200].encode("utf-8", "replace")
+    return _ERROR.pack(6 + len(message), ERROR, request_id, code) + message
+
+
+def error_of(payload: bytes) -> tuple[int, BatcherError]:
+    """(request id, the exception to raise) from an ERROR payload."""
+    request_id, code = _ID.unpack_from(payload)[0], payload[4]
+    message = payload[5:].decode("utf-8", "replace")
+    cls = _ERRORS.get(code)
+    return request_id, (cls(message) if cls else BatcherError(f"model process: {message}"))
+
+
+def request_id_of(payload: bytes) -> int:
+    return _ID.unpack_from(payload)[0]
+
+
+def split_embed(payload: bytes) -> tuple[int, float, str]:
+    request_id, budget = _EMBED_FIELDS.unpack_from(payload)
+    return request_id, budget, payload[8:].decode("utf-8", "surrogatepass")
+
+
+class FrameReader:
+    """Cuts a byte stream into (kind, payload) frames."""
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The frames `data` completes, in order."""
+        buf = self._buf
+        buf += data
+        frames = []
+        pos, end = 0, len(buf)
+        while end - pos >= 5:
+            length, kind = _HEAD.unpack_from(buf, pos)
+            if length < 1 or length > MAX_FRAME:
+                raise ProtocolError(f"frame length {length}")
+            if end - pos - 4 < length:
+                break
+            frames.append((kind, bytes(buf[pos + 5 : pos + 4 + length])))
+            pos += 4 + length
+        del buf[:pos]
+        return frames
+
+
+class FrameWriter:
+    """Writes the frames of one event-loop iteration with one system call: a batch settles all its
+    requests in one iteration, and requests that resume together are sent together."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, frame: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._pending = self._pending, []
+        if not self._transport.is_closing():
+            self._transport.write(b"".join(frames))
