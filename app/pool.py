@@ -227,12 +227,17 @@ class _PoolCollector:
                                labels=["process"])
         restarts = CounterMetricFamily("semantic_router_pool_restarts",
                                        "Times a pool process died and was started again.", labels=["process"])
+        pids = GaugeMetricFamily("semantic_router_pool_process_pid", "Each running pool process's pid.",
+                                 labels=["process"])
         for child in list(self._pool._children.values()):
             alive = child.process is not None and child.process.exitcode is None
             up.add_metric([child.name], 1.0 if alive else 0.0)
             restarts.add_metric([child.name], child.restarts)
+            if alive:
+                pids.add_metric([child.name], child.process.pid)
         yield up
         yield restarts
+        yield pids
 
 
 # -- what runs in each child (module-level: spawn pickles them by name) -------------------------

@@ -100,7 +100,8 @@ def model_side(before: dict, after: dict) -> dict:
         "batches": int(batches),
         "mean_batch_ms": round(1000 * d.get("semantic_router_inference_seconds_sum", 0) / batches, 1) if batches else None,
         "batches_by_threads": by_label("semantic_router_model_thread_batches_total"),
-        "max_loop_lag_ms": after.get("semantic_router_event_loop_lag_max_seconds", 0) * 1000,
+        "max_loop_lag_ms": 1000 * max((v for k, v in after.items()
+                                       if k.startswith("semantic_router_event_loop_lag_max_seconds")), default=0.0),
         "batcher_dropped": by_label("semantic_router_batcher_dropped_total"),
     }
 

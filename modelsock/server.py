@@ -24,15 +24,21 @@ class _Connection(asyncio.Protocol):
     """One front end: its requests run as tasks; a CANCEL, or the front end going away, cancels
     them, and a cancelled request leaves the batcher's queue without being computed."""
 
-    def __init__(self, embedder: Embedder, hello: bytes):
+    def __init__(self, embedder: Embedder, hello: bytes, connections: set):
         self._embedder = embedder
+        self._connections = connections
         self._hello = hello
         self._reader = wire.FrameReader()
         self._tasks: dict[int, asyncio.Task] = {}
         self._out: wire.FrameWriter | None = None
         self._transport: asyncio.Transport | None = None
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
     def connection_made(self, transport) -> None:
+        self._connections.add(self)
         self._transport = transport
         self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
         self._out.write(wire.hello_frame(self._hello))
@@ -66,7 +72,11 @@ class _Connection(asyncio.Protocol):
         finally:
             self._tasks.pop(request_id, None)
 
+    def close(self) -> None:
+        self._transport.close()
+
     def connection_lost(self, exc) -> None:
+        self._connections.discard(self)
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
@@ -78,17 +88,25 @@ class ModelSocketServer:
         self.path = Path(path)
         self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
         self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered, over every front end."""
+        return sum(c.in_flight for c in self._connections)
 
     async def start(self) -> None:
         """Listens once the embedder is warm: a front end that connects can be answered at once."""
         claim(self.path)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self.embedder, self._hello), str(self.path))
+        self._server = await loop.create_unix_server(lambda: _Connection(self.embedder, self._hello, self._connections), str(self.path))
         log.info("model socket listening", extra={"socket": str(self.path)})
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for connection in list(self._connections):  # front ends fall back at once
+                connection.close()
             await self._server.wait_closed()
         if self.path.is_socket():
             self.path.unlink()

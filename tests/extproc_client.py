@@ -19,7 +19,9 @@ def route_once(port: int, prompt: str, model: str = "auto", timeout: float = 10.
             headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers]))),
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
     ]
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    # A connection of its own (no subchannel shared with earlier calls): a pool's kernel hands
+    # each new connection to one of its workers.
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         responses = list(pb_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=timeout))
     mutation = responses[-1].request_body.response.header_mutation
     return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}

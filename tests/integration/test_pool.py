@@ -1,0 +1,128 @@
+"""A pool (server.workers: 2, one model process) through the real Envoy: it routes, one /metrics
+shows every process, a killed worker is replaced, a killed model process means fallbacks (never
+errors or hangs) until it is back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+
+from devstack.stack import ROOT, Stack, StackPorts
+from tests.extproc_client import route_once
+from tests.integration.conftest import metric, scrape
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, envoy_binary):
+    workdir = tmp_path_factory.mktemp("pool")
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    config["server"]["workers"] = 2
+    config["cache_size"] = 0  # every request reaches the model process
+    (workdir / "router.yaml").write_text(yaml.safe_dump(config))
+    stack = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
+    stack.start(timeout=300)
+    wait_for(lambda: all_up(stack), 120, "every pool process up")
+    yield stack
+    stack.stop()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not reached within {timeout:.0f}s: {what}")
+
+
+def all_up(stack) -> bool:
+    text = scrape(stack.metrics_url)
+    return all(metric(text, "semantic_router_pool_process_up", f'process="{p}"') == 1
+               for p in ("model", "worker-0", "worker-1"))
+
+
+def pid_of(stack, process: str) -> int:
+    return int(metric(scrape(stack.metrics_url), "semantic_router_pool_process_pid", f'process="{process}"'))
+
+
+def ask(stack, prompt: str) -> httpx.Response:
+    return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
+                      json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
+
+
+@pytest.mark.parametrize("prompt, backend", [
+    ("solve the equation 2x + 3 = 11", "math-model"),
+    ("write a python function that reverses a string", "code-model"),
+])
+def test_the_pool_routes_through_envoy(pool, prompt, backend):
+    r = ask(pool, prompt)
+    assert r.status_code == 200
+    assert r.headers["x-mock-backend"] == backend
+    assert r.headers["x-semantic-route-reason"] == "matched"
+
+
+def test_one_metrics_endpoint_shows_every_process_and_the_shared_batches(pool):
+    before = scrape(pool.metrics_url)
+    prompts = [f"what is {i} times {i + 7}" for i in range(48)]
+    with ThreadPoolExecutor(16) as ex:  # a connection per request: the kernel spreads them over the workers
+        answers = list(ex.map(lambda p: route_once(pool.ports.router_grpc, p), prompts))
+    assert all(a.get("x-semantic-route-reason") == "matched" for a in answers)
+    after = scrape(pool.metrics_url)
+
+    def grew(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    by_worker = {w: grew("semantic_router_ext_proc_streams_total", f'process="{w}"') for w in ("worker-0", "worker-1")}
+    assert sum(by_worker.values()) == len(prompts)
+    assert all(n > 0 for n in by_worker.values()), by_worker  # 48 connections: both took some
+    assert grew("semantic_router_batch_size_sum") == len(prompts)  # one model process embedded them all
+    assert grew("semantic_router_batch_size_count") >= 1
+    assert grew("semantic_router_requests_total", 'outcome="matched"') == len(prompts)
+    for process in ("model", "worker-0", "worker-1"):
+        assert metric(after, "semantic_router_process_cpu_seconds", f'process="{process}"') > 0
+
+
+def test_a_killed_worker_is_replaced_and_requests_keep_being_answered(pool):
+    old = pid_of(pool, "worker-0")
+    os.kill(old, signal.SIGKILL)
+    statuses = []
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        statuses.append(ask(pool, "solve the equation 2x + 3 = 11").status_code)
+        text = scrape(pool.metrics_url)
+        if (metric(text, "semantic_router_pool_restarts_total", 'process="worker-0"') == 1
+                and metric(text, "semantic_router_pool_process_up", 'process="worker-0"') == 1
+                and pid_of(pool, "worker-0") != old):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("worker-0 was not started again")
+    assert set(statuses) == {200}  # Envoy never failed a request meanwhile
+    # The new worker serves once it has its engine: a burst of fresh connections reaches both.
+    wait_for(lambda: all(route_once(pool.ports.router_grpc, "compute 17 times 23").get("x-semantic-route-reason")
+                         == "matched" for _ in range(8)), 120, "the replaced worker routes")
+
+
+def test_a_killed_model_process_means_fallbacks_then_recovery(pool):
+    os.kill(pid_of(pool, "model"), signal.SIGKILL)
+    # Until it is back: answered at once on the default route, the reason says why, health says so.
+    wait_for(lambda: not pool.router_serving(), 10, "workers report NOT_SERVING")
+    reasons = set()
+    for _ in range(10):
+        t0 = time.monotonic()
+        r = ask(pool, "solve the equation 2x + 3 = 11")
+        assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+        reasons.add(r.headers["x-semantic-route-reason"])
+        if r.headers["x-semantic-route-reason"] == "fallback_unavailable":
+            assert r.headers["x-mock-backend"] == "general-model"
+    assert "fallback_unavailable" in reasons
+    wait_for(lambda: ask(pool, "solve the equation 2x + 3 = 11").headers["x-semantic-route-reason"] == "matched",
+             240, "routing again once the model process is back")
+    assert metric(scrape(pool.metrics_url), "semantic_router_pool_restarts_total", 'process="model"') == 1
+    wait_for(pool.router_serving, 10, "workers report SERVING again")

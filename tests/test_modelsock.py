@@ -1,0 +1,180 @@
+"""The model socket: a real batcher served on a real Unix socket, a real client; only the model is fake."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from batching import BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
+from modelsock import wire
+from modelsock.client import ModelClient
+from modelsock.server import ModelSocketServer, SocketInUse
+from tests.fakes import FakeBackend, vector_for
+
+
+class Side:
+    """The model side of the socket: batcher + server, stoppable and restartable at one path."""
+
+    def __init__(self, path, backend: FakeBackend, settings: BatcherSettings = BatcherSettings()):
+        self.path, self.backend, self.settings = path, backend, settings
+        self.batcher: ContinuousBatcher | None = None
+        self.server: ModelSocketServer | None = None
+
+    async def start(self) -> "Side":
+        self.batcher = ContinuousBatcher(self.backend, self.settings)
+        self.batcher.start()
+        await self.batcher.started()
+        self.server = ModelSocketServer(self.batcher, self.path, {"model": "fake", "dimension": FakeBackend.dim})
+        await self.server.start()
+        return self
+
+    async def stop(self) -> None:
+        self.backend.gate.set()
+        await self.server.close()
+        await self.batcher.aclose(2.0)
+
+
+async def connect(path, states: list | None = None) -> ModelClient:
+    client = ModelClient(path, on_state=(states.append if states is not None else None))
+    client.start()
+    await asyncio.wait_for(client.started(), 10)
+    return client
+
+
+def soon(seconds: float) -> float:
+    return time.monotonic() + seconds
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_embeddings_cross_the_socket_exactly(tmp_path):
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        client = await connect(side.path)
+        texts = [f"prompt number {i}" for i in range(50)] + ["ünïcödé ✓", "lone \ud800 surrogate"]
+        vectors = await asyncio.gather(*(client.embed(t, soon(5)) for t in texts))
+        for text, vector in zip(texts, vectors):
+            np.testing.assert_array_equal(vector, vector_for(text))
+        assert client.model["model"] == "fake" and client.model["dimension"] == FakeBackend.dim
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_a_deadline_and_a_cancel_cross_the_socket_and_nothing_is_computed(tmp_path):
+    async def main():
+        backend = FakeBackend(hold=True)
+        side = await Side(tmp_path / "m.sock", backend).start()
+        client = await connect(side.path)
+        busy = asyncio.create_task(client.embed("occupies the model", soon(10)))
+        await until(backend.entered.is_set)
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await client.embed("times out in the queue", soon(0.2))
+        assert time.monotonic() - t0 < 0.5  # the caller's deadline, not the model's pace
+        cancelled = asyncio.create_task(client.embed("cancelled by its caller", soon(10)))
+        await until(lambda: side.batcher.depth[0] == 2)  # both queued on the model side
+        assert side.server.in_flight == 2
+        cancelled.cancel()
+        await until(lambda: side.server.in_flight == 1)  # the CANCEL frame reached the model side
+        backend.gate.set()
+        await busy
+        await side.batcher.aclose(2.0)  # everything still queued is settled
+        computed = [t for batch in backend.batches for t in batch]
+        assert computed == ["occupies the model"]
+        await client.aclose()
+        await side.server.close()
+
+    asyncio.run(main())
+
+
+def test_overload_is_refused_at_once_with_its_kind(tmp_path):
+    async def main():
+        backend = FakeBackend(hold=True)
+        side = await Side(tmp_path / "m.sock", backend, BatcherSettings(max_batch_size=1, max_queue_requests=1)).start()
+        client = await connect(side.path)
+        busy = asyncio.create_task(client.embed("occupies the model", soon(10)))
+        await until(backend.entered.is_set)
+        queued = asyncio.create_task(client.embed("takes the only queue slot", soon(10)))
+        await until(lambda: side.batcher.depth[0] == 1)
+        t0 = time.monotonic()
+        with pytest.raises(Overloaded):
+            await client.embed("no room", soon(10))
+        assert time.monotonic() - t0 < 0.5  # refused, not held to the deadline
+        backend.gate.set()
+        await asyncio.gather(busy, queued)
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_model_process_gone_means_immediate_fallbacks_then_recovery(tmp_path):
+    async def main():
+        path = tmp_path / "m.sock"
+        backend = FakeBackend(hold=True)
+        side = await Side(path, backend).start()
+        states: list[bool] = []
+        client = await connect(path, states)
+        in_flight = asyncio.create_task(client.embed("in flight when the model goes", soon(10)))
+        await until(backend.entered.is_set)
+        await side.server.close()  # the front end sees the connection drop
+        with pytest.raises(ModelUnavailable):
+            await in_flight
+        t0 = time.monotonic()
+        with pytest.raises(ModelUnavailable):
+            await client.embed("while it is away", soon(10))
+        assert time.monotonic() - t0 < 0.1
+        assert states == [True, False]
+        backend.gate.set()
+        await side.batcher.aclose(2.0)
+        side = await Side(path, FakeBackend()).start()  # back at the same path
+        await until(lambda: client.connected)
+        np.testing.assert_array_equal(await client.embed("after", soon(5)), vector_for("after"))
+        assert states == [True, False, True]
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path):
+    path = tmp_path / "m.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a killed model process leaves
+
+    async def main():
+        side = await Side(path, FakeBackend()).start()
+        with pytest.raises(SocketInUse):
+            await ModelSocketServer(side.batcher, path, {}).start()
+        await side.stop()
+        assert not path.exists()
+
+    asyncio.run(main())
+
+
+def test_frames_split_anywhere_are_reassembled_and_garbage_is_refused():
+    frames = wire.embed_frame(7, 0.25, "héllo".encode()) + wire.cancel_frame(7) + wire.vector_frame(9, b"\0" * 8)
+    reader = wire.FrameReader()
+    got = []
+    for i in range(len(frames)):
+        got += reader.feed(frames[i : i + 1])
+    assert [k for k, _ in got] == [wire.EMBED, wire.CANCEL, wire.VECTOR]
+    request_id, budget, text = wire.split_embed(got[0][1])
+    assert (request_id, round(budget, 3), text) == (7, 0.25, "héllo")
+    assert wire.request_id_of(got[1][1]) == 7
+    with pytest.raises(wire.ProtocolError):
+        wire.FrameReader().feed(b"\xff\xff\xff\xff\x01")
+    request_id, exc = wire.error_of(wire.error_frame(3, Overloaded("full"))[5:])
+    assert request_id == 3 and type(exc) is Overloaded and str(exc) == "full"
