@@ -51,6 +51,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config = dataclasses.replace(config, server=dataclasses.replace(
             config.server, workers=args.workers if args.workers == "auto" else int(args.workers)))
+    if args.model_socket is not None:
+        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, socket=args.model_socket))
     workers = pool.resolve_workers(config)
     try:
         if workers > 1:
@@ -91,10 +93,13 @@ def cmd_model_server(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    """For exec probes: the router's gRPC port listens on loopback only, out of kubelet's reach."""
+    """For exec probes: the router's gRPC port listens on loopback only, out of kubelet's reach.
+    --socket asks a model process instead (it listens only once warm)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    if args.socket:
+        return _model_health(args.socket, args.timeout)
     try:
         with grpc.insecure_channel(args.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
@@ -104,7 +109,35 @@ def cmd_health(args: argparse.Namespace) -> int:
         return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(status)
-    return 0 if status == "SERVING" else 1
+    # --answering: the router answers (NOT_SERVING included: it falls back while its model
+    # process is away), which is what liveness asks.
+    return 0 if status == "SERVING" or args.answering else 1
+
+
+def _model_health(path: str, timeout: float) -> int:
+    import socket
+
+    from modelsock import wire
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            reader, frames = wire.FrameReader(), []
+            while not frames:
+                data = s.recv(65536)
+                if not data:
+                    raise ConnectionError("closed before hello")
+                frames = reader.feed(data)
+    except (OSError, wire.ProtocolError) as exc:
+        print(f"unhealthy: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    kind, payload = frames[0]
+    if kind != wire.HELLO:
+        print("unhealthy: not a model process", file=sys.stderr)
+        return 1
+    print(f"SERVING {payload.decode()}")
+    return 0
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -251,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int)
     serve.add_argument("--deadline-ms", type=float)
     serve.add_argument("--workers", type=_workers_flag, help="auto or N: overrides server.workers")
+    serve.add_argument("--model-socket", help="embed through the model process on this socket: overrides encoder.socket")
     serve.add_argument("--log-level", default=os.environ.get("SEMANTIC_ROUTER_LOG_LEVEL", "info"))
     serve.set_defaults(func=cmd_serve)
 
@@ -302,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     hc = sub.add_parser("health", help="exit 0 if the router on ADDRESS reports SERVING (a container probe)")
     hc.add_argument("--address", default="127.0.0.1:50051")
     hc.add_argument("--timeout", type=float, default=2.0)
+    hc.add_argument("--answering", action="store_true", help="also exit 0 on NOT_SERVING: the router answers (liveness)")
+    hc.add_argument("--socket", help="check the model process on this Unix socket instead")
     hc.set_defaults(func=cmd_health)
     return parser
 

@@ -36,13 +36,18 @@ def kustomize(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-@pytest.fixture(scope="module", params=["base", "overlays/cpu", "overlays/gpu"])
+@pytest.fixture(scope="module", params=["base", "overlays/cpu", "overlays/gpu", "overlays/node-model"])
 def rendered(request):
     return request.param, kustomize(K8S / request.param)
 
 
 def by_kind(objects: list[dict]) -> dict[str, dict]:
-    return {o["kind"]: o for o in objects}
+    """One object per kind: the gateway's own (`semantic-router`) where an overlay adds another."""
+    out: dict[str, dict] = {}
+    for o in objects:
+        if o["kind"] not in out or o["metadata"]["name"] == "semantic-router":
+            out[o["kind"]] = o
+    return out
 
 
 def test_every_object_validates_against_the_kubernetes_schema(rendered):
@@ -60,7 +65,11 @@ def test_pod_shape_probes_and_selectors(rendered):
     router = next(c for c in pod["spec"]["initContainers"] if c["name"] == "router")
     envoy = next(c for c in pod["spec"]["containers"] if c["name"] == "envoy")
     assert router["restartPolicy"] == "Always"  # native sidecar
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # gRPC health, SERVING only when warm,
+    # With the node's model process, a router whose model is away still answers (fallbacks): it
+    # stays ready, so it has no readiness probe of its own.
+    probes = ("startupProbe", "livenessProbe") + (() if name == "overlays/node-model" else ("readinessProbe",))
+    assert name != "overlays/node-model" or "readinessProbe" not in router
+    for probe in probes:  # gRPC health, SERVING only when warm,
         # asked from inside the container: the ext_proc port is on loopback, out of kubelet's reach
         assert router[probe]["exec"]["command"][:2] == ["semantic-router", "health"], probe
     assert all(p["containerPort"] != 50051 for p in router["ports"])
@@ -74,6 +83,30 @@ def test_pod_shape_probes_and_selectors(rendered):
         assert selector and all(labels.get(k) == v for k, v in selector.items()), kind
     gpu = router["resources"]["limits"].get("nvidia.com/gpu")
     assert (gpu == 1) if name == "overlays/gpu" else gpu is None
+
+
+def test_node_model_overlay_shares_one_socket_between_the_daemonset_and_the_sidecars():
+    kinds = by_kind(kustomize(K8S / "overlays/node-model"))
+    model_pod = kinds["DaemonSet"]["spec"]["template"]["spec"]
+    router_pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    (model,) = model_pod["containers"]
+    router = next(c for c in router_pod["initContainers"] if c["name"] == "router")
+    socket = model["args"][model["args"].index("--socket") + 1]
+    assert router["args"][router["args"].index("--model-socket") + 1] == socket
+    for probe in ("startupProbe", "livenessProbe"):  # the model process is healthy once its socket answers
+        assert model[probe]["exec"]["command"] == ["semantic-router", "health", "--socket", socket]
+    assert "--answering" in router["livenessProbe"]["exec"]["command"]
+
+    def host_dir(pod, container):
+        mount = next(m for m in container["volumeMounts"] if socket.startswith(m["mountPath"] + "/"))
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        return volume["hostPath"]["path"], mount["mountPath"]
+
+    assert host_dir(model_pod, model) == host_dir(router_pod, router)
+    assert model["securityContext"]["runAsUser"] == router["securityContext"]["runAsUser"]  # may connect
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in router["resources"]["limits"]
+    assert model["image"].endswith("-cuda") and router["image"].endswith("-cpu")
 
 
 def test_only_envoy_reaches_the_router_and_only_monitoring_reaches_metrics(rendered):
