@@ -72,6 +72,7 @@ class Gateway:
         self.name, self.workers = name, workers
         config = yaml.safe_load((ROOT / "router.yaml").read_text())
         config["cache_size"] = 0
+        config["server"]["workers"] = workers  # Envoy's config is rendered for a pool of this size
         if socket is not None:
             config["encoder"]["socket"] = socket
         cfg = workdir / f"{name}.yaml"
@@ -86,7 +87,7 @@ class Gateway:
                 break
         else:
             raise RuntimeError(f"router {name} did not start")
-        (workdir / f"{name}-envoy.yaml").write_text(yaml.safe_dump(direct_response_bootstrap(self.grpc, self.listener, admin)))
+        (workdir / f"{name}-envoy.yaml").write_text(yaml.safe_dump(direct_response_bootstrap(self.grpc, self.listener, admin, cfg)))
         self.envoy = subprocess.Popen([find_envoy(), "-c", str(workdir / f"{name}-envoy.yaml"), "--log-level", "error",
                                        "--disable-hot-restart", "--concurrency", "2"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -65,11 +65,11 @@ end
 """
 
 
-def direct_response_bootstrap(router_port: int, listener: int, admin: int) -> dict:
-    """The rendered gateway for router.yaml, each route answering 200 itself."""
+def direct_response_bootstrap(router_port: int, listener: int, admin: int, router_config: Path = ROOT / "router.yaml") -> dict:
+    """The rendered gateway for `router_config`, each route answering 200 itself."""
     ports = StackPorts.free()
     ports.router_grpc, ports.listener, ports.admin = router_port, listener, admin
-    boot = render(on_stack_ports(load_config(ROOT / "router.yaml"), ports))
+    boot = render(on_stack_ports(load_config(router_config), ports))
     vhost = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
     for route in vhost["routes"]:
         cluster = route.pop("route")["cluster"]

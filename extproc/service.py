@@ -91,6 +91,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 if request.request_headers.end_of_stream and stream.llm_call:
                     return  # no body: answered at the headers phase
             elif kind == "request_body":
+                if not stream.method:  # Envoy sent no headers message (request_header_mode: SKIP)
+                    self._from_attributes(request, stream)
                 chunk = request.request_body
                 stream.body.append(chunk.body)
                 if chunk.end_of_stream:
@@ -101,6 +103,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 answer = replies.pass_through(kind)
                 if answer is not None:
                     yield answer
+
+    @staticmethod
+    def _from_attributes(request: pb.ProcessingRequest, stream: _Stream) -> None:
+        """Path and method from the attributes Envoy attaches to the first message it sends
+        (`request_attributes: [request.path, request.method]`)."""
+        attrs = request.attributes.get("envoy.filters.http.ext_proc")
+        if attrs is not None:
+            stream.method = attrs.fields["request.method"].string_value if "request.method" in attrs.fields else ""
+            if "request.path" in attrs.fields:
+                stream.path = canonical_path(attrs.fields["request.path"].string_value)
 
     def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
         h = replies.header_map(headers)

@@ -412,3 +412,21 @@ def test_bodies_over_max_body_bytes_still_pass_the_filter_chain():
             assert json.loads(body_of(resp)) == {**big, "model": "general-model"}
 
     run(main())
+
+
+def test_a_body_without_a_headers_message_is_read_by_the_path_in_envoys_attributes():
+    """Envoy with request_header_mode: SKIP sends the body first, with the request_attributes
+    asked for (request.path, request.method) attached: the path says how to read the body."""
+    async def main():
+        async with Harness() as h:
+            responses_api = {"model": "auto", "input": "solve 3x + 5 = 20"}
+            lean = body_msg(responses_api)
+            attrs = lean.attributes["envoy.filters.http.ext_proc"].fields
+            attrs["request.path"].string_value = "/v1/responses"
+            attrs["request.method"].string_value = "POST"
+            (resp,) = await h.exchange(lean)
+            assert set_headers(resp)["x-semantic-route"] == "math"
+            (bare,) = await h.exchange(body_msg(responses_api))  # read as a chat body: no messages
+            assert set_headers(bare)["x-semantic-route-reason"] == "no_prompt"
+
+    run(main())
