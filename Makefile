@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools test-unit test-integration bench bench-contention bench-edge soak clinc150 clean
+.PHONY: run test tools test-unit test-integration bench bench-contention bench-frontend bench-edge soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ bench-contention: $(STAMP)
 	mkdir -p build
 	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
+
+# The front end through Envoy: CPU per request, workers 1 / 2 / 4 fed by a stub model process (wrk).
+bench-frontend: $(STAMP)
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	mkdir -p build
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.frontend_bench --out build/bench-frontend.json $(BENCH_ARGS)
 
 # Large request bodies beside normal traffic; Envoy's memory under stalled uploads.
 bench-edge: $(STAMP)

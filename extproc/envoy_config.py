@@ -168,13 +168,13 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "explicit_http_config": {"http2_protocol_options": {}},
     }
-    if config.server.workers != 1:
-        # A pool's workers share one port and the kernel gives each connection to one of them:
-        # Envoy would otherwise hold one connection per worker thread, leaving workers idle. Few
-        # streams per connection make it open several under load, and recycling them re-deals
-        # them as workers come and go.
-        protocol["explicit_http_config"]["http2_protocol_options"]["max_concurrent_streams"] = POOL_STREAMS_PER_CONNECTION
-        protocol["common_http_protocol_options"] = {"max_requests_per_connection": POOL_REQUESTS_PER_CONNECTION}
+    # A pool's workers share one port and the kernel gives each connection to one of them:
+    # Envoy would otherwise hold one connection per worker thread, leaving workers idle. Few
+    # streams per connection make it open several under load, and recycling them re-deals them
+    # as workers come and go. Rendered for every router, so `server.workers` (or the node-model
+    # overlay's --workers) can change without re-rendering Envoy's config.
+    protocol["explicit_http_config"]["http2_protocol_options"]["max_concurrent_streams"] = POOL_STREAMS_PER_CONNECTION
+    protocol["common_http_protocol_options"] = {"max_requests_per_connection": POOL_REQUESTS_PER_CONNECTION}
     router_cluster["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": protocol}
     router_cluster["circuit_breakers"] = {
         "thresholds": [{"max_connections": 1024, "max_pending_requests": 65536, "max_requests": 65536}]
