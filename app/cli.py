@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if workers > 1:
             return pool.WorkerPool(config, args.config, workers, args.log_level).run()
         asyncio.run(RouterServer(config, args.config).run_until_signal())
-    except (PortInUse, pool.PortInUse) as exc:
+    except PortInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import process_watch
+from app.lifecycle import serve_until_signal
 from batching import Backend, ContinuousBatcher
 from model.encoder import SentenceEncoder
 from modelsock.server import ModelSocketServer
@@ -58,14 +59,4 @@ class ModelProcess:
 
     async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
                                signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in signals:
-            loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        if on_ready is not None:
-            on_ready()
-        else:
-            print(f"model ready socket={self.socket_path}", flush=True)
-        await stop.wait()
-        await self.stop()
+        await serve_until_signal(self, lambda: f"model ready socket={self.socket_path}", on_ready, signals)

@@ -42,10 +42,6 @@ def resolve_workers(config: RouterConfig) -> int:
     return max(1, cpu_quota.detect().cpus // 2)
 
 
-class PortInUse(RuntimeError):
-    """The gRPC port is taken: the pool's workers would share it with a stranger."""
-
-
 @dataclasses.dataclass
 class _Child:
     name: str  # "model" or "worker-N"
@@ -74,7 +70,10 @@ class WorkerPool:
     # -- set-up ----------------------------------------------------------------------------
 
     def _claim_port(self) -> int:
-        """The concrete port the workers will share; refuses one that anyone else holds."""
+        """The concrete port the workers will share; refuses one that anyone else holds (the
+        workers bind with SO_REUSEPORT and would share it with a stranger)."""
+        from app.server import PortInUse  # here: the model process, which imports this module, needs no gRPC
+
         cfg = self.config.server
         family = socket.AF_INET6 if ":" in cfg.grpc_host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -85,7 +84,7 @@ class WorkerPool:
                                 "(another router running?)") from exc
             return probe.getsockname()[1]
 
-    def _metrics_dir(self) -> Path:
+    def _metrics_dir(self) -> None:
         """prometheus_client's multiprocess mode: every child writes its samples here, and the
         pool's /metrics adds them up (a dead worker's counters stay counted)."""
         given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -94,7 +93,6 @@ class WorkerPool:
         for stale in path.glob("*.db"):
             stale.unlink()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)  # inherited by every child
-        return path
 
     def _serve_metrics(self) -> None:
         registry = CollectorRegistry()

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from app import process_watch
+from app.lifecycle import serve_until_signal
 from batching import Backend, ContinuousBatcher, Embedder
 from extproc.service import ExtProcService
 from filters.chain import FilterChain
@@ -257,16 +258,5 @@ class RouterServer:
 
     async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
                                signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in signals:
-            loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        loop.add_signal_handler(signal.SIGHUP, self.on_sighup)
-        if on_ready is not None:
-            on_ready()
-        else:
-            print(f"router ready grpc={self.grpc_port} metrics={self.metrics_port}", flush=True)
-        await stop.wait()
-        log.info("shutdown requested")
-        await self.stop()
+        await serve_until_signal(self, lambda: f"router ready grpc={self.grpc_port} metrics={self.metrics_port}",
+                                 on_ready, signals, on_hup=self.on_sighup)

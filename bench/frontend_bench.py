@@ -21,15 +21,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
-from bench.overload_bench import direct_response_bootstrap, run_wrk, scrape
+from bench.overload_bench import run_wrk, scrape, start_direct_envoy
 from bench.report import emit
-from devstack.envoy_binary import find_envoy
 from devstack.stack import ROOT, free_port
 
 PINNED_SCRIPT = r"""
@@ -87,16 +84,8 @@ class Gateway:
                 break
         else:
             raise RuntimeError(f"router {name} did not start")
-        (workdir / f"{name}-envoy.yaml").write_text(yaml.safe_dump(direct_response_bootstrap(self.grpc, self.listener, admin, cfg)))
-        self.envoy = subprocess.Popen([find_envoy(), "-c", str(workdir / f"{name}-envoy.yaml"), "--log-level", "error",
-                                       "--disable-hot-restart", "--concurrency", "2"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+        self.envoy = start_direct_envoy(workdir / f"{name}-envoy.yaml", self.grpc, self.listener, admin, cfg,
+                                        ("--concurrency", "2"))
 
     def measure(self, path: str, script: Path, seconds: float) -> dict:
         before = scrape(self.metrics)

@@ -77,6 +77,21 @@ def direct_response_bootstrap(router_port: int, listener: int, admin: int, route
     return boot
 
 
+def start_direct_envoy(config_file: Path, router_port: int, listener: int, admin: int,
+                       router_config: Path = ROOT / "router.yaml", args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Envoy on `direct_response_bootstrap`, written to `config_file`; returns once it is ready."""
+    config_file.write_text(yaml.safe_dump(direct_response_bootstrap(router_port, listener, admin, router_config)))
+    envoy = subprocess.Popen([find_envoy(), "-c", str(config_file), "--log-level", "error", "--disable-hot-restart",
+                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return envoy
+
+
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
@@ -145,17 +160,9 @@ def main() -> None:
     metrics_port = free_port()
     proc, router_port = start_router(workdir, "cpu", None, deadline_ms=deadline_ms, metrics_port=metrics_port)
     listener, admin = free_port(), free_port()
-    (workdir / "envoy.yaml").write_text(yaml.safe_dump(direct_response_bootstrap(router_port, listener, admin)))
-    envoy = subprocess.Popen([find_envoy(), "-c", str(workdir / "envoy.yaml"), "--log-level", "error",
-                              "--disable-hot-restart"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    envoy = start_direct_envoy(workdir / "envoy.yaml", router_port, listener, admin)
     rows: list[dict] = []
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         run_wrk(listener, 16, 2, script)  # warm-up
         for _ in range(args.trials):
             for c in args.concurrency:

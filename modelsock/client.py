@@ -25,24 +25,16 @@ log = logging.getLogger(__name__)
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
-class _Link(asyncio.Protocol):
+class _Link(wire.FramedProtocol):
+    peer = "model process"
+
     def __init__(self, client: "ModelClient"):
+        super().__init__()
         self._client = client
-        self._reader = wire.FrameReader()
         self.hello: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:
-        self._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._reader.feed(data)
-        except wire.ProtocolError as exc:
-            log.error("model process broke the protocol", extra={"error": str(exc)})
-            self._transport.close()
-            return
+    def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         for kind, payload in frames:
             if kind == wire.VECTOR:
                 self._client._settle(wire.request_id_of(payload), np.frombuffer(payload, np.float32, offset=4))

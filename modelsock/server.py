@@ -20,36 +20,31 @@ class SocketInUse(RuntimeError):
     """Another model process answers on this socket path."""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(wire.FramedProtocol):
     """One front end: its requests run as tasks; a CANCEL, or the front end going away, cancels
     them, and a cancelled request leaves the batcher's queue without being computed."""
 
+    peer = "front end"
+
     def __init__(self, embedder: Embedder, hello: bytes, connections: set):
+        super().__init__()
         self._embedder = embedder
         self._connections = connections
         self._hello = hello
-        self._reader = wire.FrameReader()
         self._tasks: dict[int, asyncio.Task] = {}
         self._out: wire.FrameWriter | None = None
-        self._transport: asyncio.Transport | None = None
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
     def connection_made(self, transport) -> None:
+        super().connection_made(transport)
         self._connections.add(self)
-        self._transport = transport
         self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
         self._out.write(wire.hello_frame(self._hello))
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._reader.feed(data)
-        except wire.ProtocolError as exc:
-            log.warning("dropping a front end that broke the protocol", extra={"error": str(exc)})
-            self._transport.close()
-            return
+    def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
         for kind, payload in frames:
             if kind == wire.EMBED:
@@ -73,7 +68,7 @@ class _Connection(asyncio.Protocol):
             self._tasks.pop(request_id, None)
 
     def close(self) -> None:
-        self._transport.close()
+        self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self._connections.discard(self)

@@ -15,8 +15,11 @@ vector's raw float32 bytes cost one struct call and one copy each way.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from batching import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, WouldMissDeadline
+
+log = logging.getLogger(__name__)
 
 EMBED, CANCEL, HELLO, VECTOR, ERROR = 1, 2, 3, 4, 5
 
@@ -102,6 +105,32 @@ class FrameReader:
             pos += 4 + length
         del buf[:pos]
         return frames
+
+
+class FramedProtocol(asyncio.Protocol):
+    """Either end of the socket: hands what arrives to `frames_received` cut into frames; a peer
+    that breaks the protocol is dropped."""
+
+    peer = "peer"  # who is at the other end, for the log
+
+    def __init__(self):
+        self._reader = FrameReader()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except ProtocolError as exc:
+            log.warning("dropping a peer that broke the protocol", extra={"peer": self.peer, "error": str(exc)})
+            self.transport.close()
+            return
+        self.frames_received(frames)
+
+    def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
+        raise NotImplementedError
 
 
 class FrameWriter:
