@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import glob
 import logging
 import multiprocessing as mp
 import os
@@ -96,7 +97,7 @@ class WorkerPool:
 
     def _serve_metrics(self) -> None:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        ChildSamples(registry)
         registry.register(_PoolCollector(self))
         server, _ = start_http_server(self.config.server.metrics_port, addr=self.config.server.metrics_host,
                                       registry=registry)
@@ -212,6 +213,29 @@ class WorkerPool:
                 log.warning("router process did not stop in time; killing it", extra={"child": child.name})
                 child.process.kill()
                 child.process.join(5.0)
+
+
+class ChildSamples(multiprocess.MultiProcessCollector):
+    """prometheus_client's multiprocess reader, minus the files a child is creating right now.
+
+    A child opens its file empty and sizes it a moment later; a scrape in between made the
+    stock reader fail the whole /metrics with a 500 (seen while a worker restarted). A file
+    under its 8-byte header holds no samples yet, and one removed since the glob (a dead
+    child's live gauge) has none left.
+    """
+
+    _HEADER = 8
+
+    def collect(self):
+        return self.merge([f for f in glob.glob(os.path.join(self._path, "*.db")) if _size(f) >= self._HEADER],
+                          accumulate=True)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
 class _PoolCollector:

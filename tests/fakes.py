@@ -11,7 +11,8 @@ POISON = "poison"
 
 
 class FakeBackend:
-    """Token ids are word lengths; the embedding encodes the text so results can be checked.
+    """One token id per word (a growing vocabulary, so two texts never share ids); the
+    embedding encodes the text so results can be checked.
 
     `gate` (when set) holds the model thread inside `embed` so tests can make requests
     pile up deterministically.
@@ -28,12 +29,13 @@ class FakeBackend:
             self.gate.set()
         self._lock = threading.Lock()
         self._texts: dict[tuple[int, ...], str] = {}
+        self._vocab: dict[str, int] = {}
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         out = []
         for t in texts:
-            ids = [101] + [hash(w) % 30000 for w in t.split()] + [102]
             with self._lock:
+                ids = [101] + [self._vocab.setdefault(w, 1000 + len(self._vocab)) for w in t.split()] + [102]
                 self._texts[tuple(ids)] = t
                 self.tokenized.append(t)
             out.append(ids)
