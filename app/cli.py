@@ -154,12 +154,12 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 def _offline(config: RouterConfig):
     """Encoder and classifier for offline commands (no batcher, no server)."""
-    from router.classifier import RouteClassifier
-    from model.encoder import SentenceEncoder
+    from app.embedding import make_backend
     from app.logs import setup_logging
+    from router.classifier import RouteClassifier
 
     setup_logging("warning")
-    encoder = SentenceEncoder(config.encoder)
+    encoder = make_backend(config)
     return encoder, RouteClassifier(config, encoder.encode)
 
 

@@ -13,31 +13,27 @@ from typing import Callable
 
 from app import process_watch
 from app.lifecycle import serve_until_signal
-from batching import Backend, ContinuousBatcher
-from model.encoder import SentenceEncoder
+from app.embedding import BackendFactory, start_batcher
+from batching import ContinuousBatcher
 from modelsock.server import ModelSocketServer
 from router.config import RouterConfig
-from router.metrics import PrometheusBatchObserver
 
 log = logging.getLogger(__name__)
 
 
 class ModelProcess:
     def __init__(self, config: RouterConfig, socket_path: str | Path,
-                 backend_factory: Callable[[RouterConfig], Backend] | None = None):
+                 backend_factory: BackendFactory | None = None):
         self.config = config
         self.socket_path = Path(socket_path)
-        self._backend_factory = backend_factory or (lambda cfg: SentenceEncoder(cfg.encoder))
+        self._backend_factory = backend_factory
         self.batcher: ContinuousBatcher | None = None
         self.server: ModelSocketServer | None = None
         self._watches: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        backend = await loop.run_in_executor(None, self._backend_factory, self.config)
-        self.batcher = ContinuousBatcher(backend, self.config.batching, PrometheusBatchObserver())
-        self.batcher.start(loop)
-        await self.batcher.started()
+        self.batcher = await start_batcher(self.config, self._backend_factory)
+        backend = self.batcher.backend
         gc.collect()
         gc.freeze()  # see RouterServer.start: the model's objects are never scanned again
         info = {"model": self.config.encoder.model, "dimension": getattr(backend, "dimension", None),

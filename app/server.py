@@ -23,17 +23,16 @@ from prometheus_client import start_http_server
 
 from app import process_watch
 from app.lifecycle import serve_until_signal
-from batching import Backend, ContinuousBatcher, Embedder
+from app.embedding import BackendFactory, start_batcher
+from batching import Backend, Embedder
 from extproc.service import ExtProcService
 from filters.chain import FilterChain
-from model.encoder import SentenceEncoder
 from model.torch_threads import on_own_thread
 from modelsock.client import ModelClient
 from router import metrics
 from router.classifier import RouteClassifier
 from router.config import RouterConfig, load_config
 from router.engine import RoutingEngine
-from router.metrics import PrometheusBatchObserver
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +52,14 @@ class RouterServer:
         self,
         config: RouterConfig,
         config_path: Path | None = None,
-        backend_factory: Callable[[RouterConfig], Backend] | None = None,
+        backend_factory: BackendFactory | None = None,
         pool_worker: int | None = None,
     ):
-        # backend_factory: what to run instead of the configured sentence-transformers model
-        # (fault-injection tests); None loads config.encoder.
+        # backend_factory: what to run instead of what config.encoder names (fault-injection
+        # tests); None: app.embedding.make_backend.
         # pool_worker: this process's index among the workers that share grpc_port (app.pool);
         # the pool then serves /metrics for all of them.
-        self._backend_factory = backend_factory or (lambda cfg: SentenceEncoder(cfg.encoder))
+        self._backend_factory = backend_factory
         self.pool_worker = pool_worker
         self.config = config
         self.config_path = config_path
@@ -141,18 +140,15 @@ class RouterServer:
         await self.grpc.start()
 
     async def _start_embedder(self) -> Embedder:
-        """A client of the model process at encoder.socket, or the model and its batcher here."""
-        loop = asyncio.get_running_loop()
+        """A client of the model process at encoder.socket, or the model (or remote engine) and its
+        batcher here."""
         if self.config.encoder.socket is not None:
             client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state)
-            client.start(loop)
+            client.start(asyncio.get_running_loop())
             await client.started()
             return client
-        # Model load and warm-up block for seconds: keep the loop (health checks) answering.
-        self.backend = await loop.run_in_executor(None, self._backend_factory, self.config)
-        batcher = ContinuousBatcher(self.backend, self.config.batching, PrometheusBatchObserver())
-        batcher.start(loop)
-        await batcher.started()  # warm-up runs on the model thread
+        batcher = await start_batcher(self.config, self._backend_factory)
+        self.backend = batcher.backend
         return batcher
 
     def _serving_status(self):

@@ -6,7 +6,7 @@ Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and 
 from batching.backend import Backend, Embedder
 from batching.batcher import ContinuousBatcher
 from batching.cost_model import BatchCostModel
-from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, WouldMissDeadline
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, RemoteError, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.settings import BatcherSettings, SettingError
 
@@ -23,6 +23,7 @@ __all__ = [
     "ModelUnavailable",
     "NullObserver",
     "Overloaded",
+    "RemoteError",
     "SettingError",
     "WouldMissDeadline",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, Sized
 
 import numpy as np
 
@@ -10,12 +10,17 @@ import numpy as np
 class Backend(Protocol):
     """A model the batcher drives. Only the batcher's model thread calls `embed`."""
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids per text, already truncated to what the model accepts."""
+    def tokenize(self, texts: Sequence[str]) -> list[Sized]:
+        """The model's input per text: token ids already truncated to what a local model accepts,
+        or whatever a remote engine is sent. len() of each is its token count (exact or estimated),
+        the unit of the batcher's budgets and cost model."""
         ...
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """One float32 row per input, in input order. Pads internally."""
+    def embed(self, inputs: Sequence[Sized], deadline: float | None = None) -> np.ndarray:
+        """One float32 row per input, in input order. Pads internally. `deadline` (monotonic) is
+        the latest of the batch's deadlines: work that can stop early (a remote call) stops by then.
+        Raising a BatcherError says the batch failed for a reason that is not its inputs' (an
+        engine that is down): the batcher then does not retry its inputs one by one."""
         ...
 
     def prepare_thread(self) -> None:

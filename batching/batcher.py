@@ -1,4 +1,4 @@
-"""The continuous batcher: an asyncio front, a tokenizer thread and one model thread.
+"""The continuous batcher: an asyncio front, a tokenizer thread and one model thread per lane.
 
 Pipeline (after TEI's queue / batching task / backend task split):
   event loop  -- embed(): reserve a queue slot, or refuse at once when the queue is full or the
@@ -9,6 +9,8 @@ Pipeline (after TEI's queue / batching task / backend task split):
                  batching: never waits idle) no larger than its oldest item's deadline allows,
                  refuses items predicted to finish late, runs it, learns its cost, settles all
                  its futures with one call back into the loop
+  lanes       -- one for a model this process runs (one thread owns it); several for a remote
+                 engine, so that batches are in flight together (the engine batches again)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from batching.backend import Backend
 from batching.cost_model import BatchCostModel
-from batching.errors import BatcherClosed, DeadlineExceeded, Overloaded, WouldMissDeadline
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.queue import Batch, BatchQueue, WorkItem
 from batching.settings import BatcherSettings
@@ -36,8 +38,12 @@ _TOKENIZE_CHUNK = 512
 
 
 class ContinuousBatcher:
-    def __init__(self, backend: Backend, settings: BatcherSettings = BatcherSettings(), observer: BatchObserver | None = None):
+    def __init__(self, backend: Backend, settings: BatcherSettings = BatcherSettings(),
+                 observer: BatchObserver | None = None, lanes: int = 1):
+        if lanes < 1:
+            raise ValueError("lanes must be at least 1")
         self.backend = backend
+        self.lanes = lanes
         self.settings = settings
         self.observer = observer or NullObserver()
         self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.sort_window)
@@ -47,10 +53,12 @@ class ContinuousBatcher:
         self._warm: asyncio.Future | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._warmed = threading.Event()  # lane 0 has warmed the backend up (or failed to)
+        self._warm_failed = False
         self.cost = BatchCostModel()
         # Written by the model thread, read by admission on the loop (a stale read only shifts
-        # one estimate): when the running batch should end, and what recent batches looked like.
-        self._busy_until = 0.0
+        # one estimate): when each lane's running batch should end, and what recent batches looked like.
+        self._busy_until = [0.0] * lanes
         self._mean_tokens = 16.0
         self._mean_padding = 0.0
         self._mean_batch = 1.0  # requests per batch lately: how fast the queue really drains
@@ -65,7 +73,10 @@ class ContinuousBatcher:
         self._warm = self._loop.create_future()
         self._threads = [
             threading.Thread(target=self._tokenizer_loop, name="batcher-tokenizer", daemon=True),
-            threading.Thread(target=self._model_loop, name="batcher-model", daemon=True),
+        ] + [
+            threading.Thread(target=self._model_loop, args=(lane,), name="batcher-model" + (f"-{lane}" if lane else ""),
+                             daemon=True)
+            for lane in range(self.lanes)
         ]
         for t in self._threads:
             t.start()
@@ -84,7 +95,9 @@ class ContinuousBatcher:
         # The tokenizer must finish first so that what it still holds is queued before close().
         await loop.run_in_executor(None, self._threads[0].join, drain_timeout)
         self._queue.close()
-        await loop.run_in_executor(None, self._threads[1].join, drain_timeout)
+        until = time.monotonic() + drain_timeout
+        for lane in self._threads[1:]:
+            await loop.run_in_executor(None, lane.join, max(0.0, until - time.monotonic()))
 
     # -- the event-loop side ---------------------------------------------------------------
 
@@ -121,8 +134,8 @@ class ContinuousBatcher:
             raise
 
     def predicted_wait(self) -> float:
-        """Seconds until a request admitted now would have its embedding: the rest of the running
-        batch, then every batch needed for what is queued, this request included."""
+        """Seconds until a request admitted now would have its embedding: until the first lane is
+        free, then every batch needed for what is queued (this request included), lanes at a time."""
         if not self.cost.ready:
             return 0.0
         s = self.settings
@@ -134,8 +147,9 @@ class ContinuousBatcher:
         per_batch = min(s.max_batch_size, max(self._mean_batch, reserved / 2))
         batches = max(1, math.ceil(reserved / per_batch), math.ceil(padded / s.max_batch_tokens))
         fixed, per_token = self.cost.coefficients
-        running = max(0.0, self._busy_until - time.monotonic())
-        return running + batches * fixed + per_token * padded + self.margin
+        running = max(0.0, min(self._busy_until) - time.monotonic())
+        rounds = math.ceil(batches / self.lanes)
+        return running + rounds * fixed + per_token * padded / self.lanes + self.margin
 
     def _hand_over(self) -> None:
         # One hand-off per loop iteration, not per request: clients that resume together
@@ -210,7 +224,7 @@ class ContinuousBatcher:
                 failed.append(item)
                 errors.append(tok)
             else:
-                item.token_ids = tok
+                item.inputs = tok
                 ready.append(item)
         for item in self._queue.put_many(ready):
             failed.append(item)
@@ -223,19 +237,16 @@ class ContinuousBatcher:
 
     # -- model thread ----------------------------------------------------------------------
 
-    def _model_loop(self) -> None:
+    def _model_loop(self, lane: int) -> None:
         s = self.settings
-        try:
-            # On this thread, not the caller's: per-thread runtime state (torch's thread pool)
-            # must be built where the batches will run.
-            self.backend.prepare_thread()
-            self.backend.warmup()
-        except Exception as exc:
-            log.exception("backend warm-up failed")
-            self._closing = True  # a model that cannot warm up takes no work: callers fail at once
-            self._loop.call_soon_threadsafe(_resolve, self._warm, exc)
+        if lane == 0:
+            self._warm_up()
+        else:
+            self._warmed.wait()
+        if self._warm_failed:
             return
-        self._loop.call_soon_threadsafe(_resolve, self._warm, None)
+        if lane:
+            self.backend.prepare_thread()
         while True:
             batch = self._queue.next_batch(
                 s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s, self.cost, self.margin
@@ -243,12 +254,28 @@ class ContinuousBatcher:
             if batch is None:
                 return
             try:
-                self._run_batch(batch)
+                self._run_batch(batch, lane)
             except Exception:  # the model thread must survive anything a batch does
                 log.exception("batch handling failed")
                 self._settle_from_thread(batch.items, [RuntimeError("batch failed")] * len(batch.items))
 
-    def _run_batch(self, batch: Batch) -> None:
+    def _warm_up(self) -> None:
+        try:
+            # On this thread, not the caller's: per-thread runtime state (torch's thread pool)
+            # must be built where the batches will run.
+            self.backend.prepare_thread()
+            self.backend.warmup()
+        except Exception as exc:
+            log.exception("backend warm-up failed")
+            self._warm_failed = True
+            self._closing = True  # a model that cannot warm up takes no work: callers fail at once
+            self._loop.call_soon_threadsafe(_resolve, self._warm, exc)
+        else:
+            self._loop.call_soon_threadsafe(_resolve, self._warm, None)
+        finally:
+            self._warmed.set()
+
+    def _run_batch(self, batch: Batch, lane: int = 0) -> None:
         if batch.expired:
             self.observer.on_dropped("expired", len(batch.expired))
             self._settle_from_thread(batch.expired, [DeadlineExceeded("expired in queue")] * len(batch.expired))
@@ -261,13 +288,17 @@ class ContinuousBatcher:
         if not items:
             return
         started = time.monotonic()
-        self._busy_until = started + batch.predicted_s
+        self._busy_until[lane] = started + batch.predicted_s
         waits = [started - i.enqueued_at for i in items]
         t0 = time.perf_counter()
         try:
-            vectors = self.backend.embed([i.token_ids for i in items])
+            vectors = self.backend.embed([i.inputs for i in items], max(i.deadline for i in items))
             outcomes: list[object] = list(vectors)
             self._learn(batch, time.perf_counter() - t0)
+        except BatcherError as exc:  # not about these inputs (an engine that is down): no retries
+            log.debug("batch of %d failed: %s", len(items), exc)  # the backend logs state changes
+            outcomes = [exc] * len(items)
+            self.observer.on_dropped("error", len(items))
         except Exception as exc:
             if len(items) > 1:
                 log.warning("batch of %d failed (%s), isolating by retrying singly", len(items), type(exc).__name__)
@@ -279,7 +310,7 @@ class ContinuousBatcher:
             if bad:
                 self.observer.on_dropped("error", bad)
         inference_s = time.perf_counter() - t0
-        self._busy_until = 0.0
+        self._busy_until[lane] = 0.0
         self.observer.on_batch(len(items), batch.tokens, batch.padded_tokens, inference_s, waits)
         self.observer.on_queue_depth(*self._queue.depth)
         self._settle_from_thread(items, outcomes)
@@ -292,7 +323,7 @@ class ContinuousBatcher:
 
     def _embed_one(self, item: WorkItem) -> object:
         try:
-            return self.backend.embed([item.token_ids])[0]
+            return self.backend.embed([item.inputs], item.deadline)[0]
         except Exception as exc:
             return exc
 

@@ -24,3 +24,8 @@ class BatcherClosed(BatcherError):
 
 class ModelUnavailable(BatcherError):
     """The model runs in another process that cannot be reached now (starting, restarting, gone)."""
+
+
+class RemoteError(BatcherError):
+    """The remote embedding engine failed the batch (unreachable, erroring, timed out), or its
+    circuit breaker is open and nothing was sent."""

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from batching.cost_model import BatchCostModel
 
@@ -18,14 +18,16 @@ class WorkItem:
     deadline: float  # time.monotonic() seconds
     future: asyncio.Future
     enqueued_at: float  # on the queue's clock (BatchQueue.new_item)
-    token_ids: list[int] = field(default_factory=list)
+    # What the backend's tokenize made of the text (token ids for a local model); its len() is
+    # the token count that batch budgets and the cost model are kept in.
+    inputs: Sequence = ()
     # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
     # costs one wasted embedding, so no lock.
     cancelled: bool = False
 
     @property
     def n_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.inputs)
 
 
 @dataclass

@@ -34,7 +34,7 @@ class FixedCostBackend:
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest()) for t in texts]
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
         time.sleep(self.batch_s + self.per_item_s * len(token_ids))
         out = np.empty((len(token_ids), DIMENSION), np.float32)
         for row, ids in enumerate(token_ids):

@@ -114,7 +114,7 @@ class SentenceEncoder:
         )
         return out["input_ids"]
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
         longest = max(len(t) for t in token_ids)
         if self._tuner is None:
             return self._embed(token_ids, longest)

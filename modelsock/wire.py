@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from batching import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, WouldMissDeadline
+from batching import (BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, RemoteError,
+                      WouldMissDeadline)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ MAX_FRAME = 16 * 1024 * 1024  # a longer length is a broken or foreign peer: dro
 # depends on which it was.
 _CODES: dict[type[BatcherError], int] = {
     WouldMissDeadline: 2, Overloaded: 1, DeadlineExceeded: 3, BatcherClosed: 4, ModelUnavailable: 5,
+    RemoteError: 6,
 }
 _ERRORS = {code: cls for cls, code in _CODES.items()}
 _OTHER = 0

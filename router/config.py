@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -17,6 +18,7 @@ from router.settings_loader import ConfigError, SettingError, build
 __all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_SAFE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
 
 
@@ -28,6 +30,32 @@ def _require(ok: bool, key: str, message: str) -> None:
 def _header_safe(value: str, key: str) -> None:
     # Route names and models become header values; only a safe alphabet may reach Envoy.
     _require(bool(_HEADER_SAFE.match(value)), key, f"{value!r} must match {_HEADER_SAFE.pattern}")
+
+
+@dataclass(frozen=True)
+class RemoteEncoderConfig:
+    """An embedding engine serving the OpenAI embeddings API (Infinity, TEI, vLLM, OpenAI itself):
+    the batcher sends each batch as one POST {url}/embeddings instead of running a model here."""
+
+    url: str  # base URL: http://host:7997 (Infinity), http://host:8080/v1 (TEI), http://host:8000/v1 (vLLM)
+    model: str  # the engine's served model name
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+    timeout_ms: float = 1000.0  # longest one call may take; it also ends at its requests' deadline
+    max_batch: int = 64  # inputs per call
+    max_in_flight: int = 4  # calls at once: the engine batches again on its side
+
+    def __post_init__(self):
+        parts = urllib.parse.urlsplit(self.url)
+        _require(parts.scheme in ("http", "https") and bool(parts.hostname), "url",
+                 f"must be an http:// or https:// base URL, got {self.url!r}")
+        _require(parts.username is None and parts.password is None, "url",
+                 "must not carry credentials: name an environment variable in api_key_env")
+        _require(not parts.query and not parts.fragment, "url", "must have no query or fragment")
+        _require(self.api_key_env is None or bool(_ENV_NAME.match(self.api_key_env)), "api_key_env",
+                 f"must be an environment variable name, got {self.api_key_env!r}")
+        _require(self.timeout_ms > 0, "timeout_ms", "must be positive")
+        _require(1 <= self.max_batch <= 2048, "max_batch", "must be between 1 and 2048")
+        _require(1 <= self.max_in_flight <= 64, "max_in_flight", "must be between 1 and 64")
 
 
 @dataclass(frozen=True)
@@ -43,6 +71,8 @@ class EncoderConfig:
     # router loads no model then, and the keys above are that process's business. None: the model
     # runs in this router (in its own model process when server.workers > 1).
     socket: str | None = None
+    # An embedding engine to send batches to (the keys above other than `socket` then go unused).
+    remote: RemoteEncoderConfig | None = None
 
     def __post_init__(self):
         _require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")

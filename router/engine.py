@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable, Overloaded
+from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable, Overloaded, RemoteError
 from router import metrics
 from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
@@ -36,6 +36,8 @@ def _fallback_reason(exc: Exception) -> str:
         return "fallback_shutdown"
     if isinstance(exc, ModelUnavailable):  # the model process is restarting or gone
         return "fallback_unavailable"
+    if isinstance(exc, RemoteError):  # the remote engine failed, or its circuit breaker is open
+        return "fallback_remote"
     log.warning("embedding failed: %s", type(exc).__name__)
     return "fallback_error"
 

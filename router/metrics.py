@@ -72,6 +72,19 @@ PROCESS_CPU = Gauge("semantic_router_process_cpu_seconds",
 STREAMS = Counter("semantic_router_ext_proc_streams_total",
                   "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
                   ["process"])
+REMOTE_CALLS = Counter(
+    "semantic_router_remote_calls_total",
+    "Batches sent to the remote embedding engine, by outcome (ok|timeout|error|rejected: the engine refused "
+    "these inputs|refused: circuit open, nothing sent).",
+    ["outcome"],
+)
+REMOTE_CALL = Histogram("semantic_router_remote_call_seconds", "Round trip of one batch to the remote engine.",
+                        buckets=_LATENCY)
+REMOTE_IN_FLIGHT = Gauge("semantic_router_remote_in_flight", "Batches sent to the remote engine, not yet answered.",
+                         multiprocess_mode="livesum")
+REMOTE_OPEN = Gauge("semantic_router_remote_circuit_open",
+                    "1 while the circuit breaker holds calls to the remote engine off (it failed; probes run), else 0.",
+                    multiprocess_mode="livemax")
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
 
 

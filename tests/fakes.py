@@ -41,7 +41,7 @@ class FakeBackend:
             out.append(ids)
         return out
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
         texts = [self._texts[tuple(ids)] for ids in token_ids]
         self.entered.set()
         self.gate.wait(30)

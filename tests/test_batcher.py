@@ -123,7 +123,7 @@ def test_padded_token_budget_is_respected():
 
 
 def _items(lengths):
-    return [WorkItem(text=str(i), deadline=0, future=None, enqueued_at=0.0, token_ids=[0] * n) for i, n in enumerate(lengths)]
+    return [WorkItem(text=str(i), deadline=0, future=None, enqueued_at=0.0, inputs=[0] * n) for i, n in enumerate(lengths)]
 
 
 def test_choose_batch_always_takes_the_oldest_and_groups_by_length():
@@ -384,7 +384,7 @@ def test_queue_stamps_items_with_its_own_clock():
     q = BatchQueue(8, 1024, 8, clock=lambda: now[0])
     item = q.new_item("a", deadline=now[0] + 60, future=None)
     assert item.enqueued_at == 1000.0
-    item.token_ids = [1, 2]
+    item.inputs = [1, 2]
     assert q.reserve()
     q.put_many([item])
     now[0] += 0.5  # half a second later on the queue's clock: a 0.2 s top-up is long over

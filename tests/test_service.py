@@ -197,7 +197,7 @@ def test_non_llm_requests_skip_body_processing():
 
 def test_model_failure_falls_back_with_reason():
     class Broken(FakeBackend):
-        def embed(self, token_ids):
+        def embed(self, token_ids, deadline=None):
             raise RuntimeError("CUDA error: device-side assert")
 
     async def main():
@@ -359,7 +359,7 @@ def test_prompt_guard_fails_open_on_a_model_error_and_the_failure_is_not_retried
     class Broken(FakeBackend):
         calls = 0
 
-        def embed(self, token_ids):
+        def embed(self, token_ids, deadline=None):
             Broken.calls += 1
             raise RuntimeError("CUDA error: device-side assert")
 
@@ -368,7 +368,7 @@ def test_prompt_guard_fails_open_on_a_model_error_and_the_failure_is_not_retried
            "filter_settings": {"prompt_guard": guard}}
 
     class BrokenAfterSetup(Broken):
-        def embed(self, token_ids):
+        def embed(self, token_ids, deadline=None):
             if not hasattr(self, "ready"):  # the guard's exemplars embed at setup
                 return FakeBackend.embed(self, token_ids)
             return Broken.embed(self, token_ids)

@@ -25,7 +25,7 @@ class FaultyBackend(FakeBackend):
         self.mode = "ok"
         self.delay = 2.0
 
-    def embed(self, token_ids):
+    def embed(self, token_ids, deadline=None):
         if self.mode == "raise":
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         if self.mode == "slow":

@@ -1,0 +1,50 @@
+"""What embeds for a config: the backend (a model loaded here, or a remote engine) and the continuous
+batcher that drives it, built the same way by the router and the model process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+from batching import Backend, BatcherSettings, ContinuousBatcher
+from router.config import RouterConfig
+from router.metrics import PrometheusBatchObserver
+
+BackendFactory = Callable[[RouterConfig], Backend]
+
+
+def make_backend(config: RouterConfig) -> Backend:
+    if config.encoder.remote is not None:
+        from remote.backend import RemoteBackend
+
+        return RemoteBackend(config.encoder.remote)
+    from model.encoder import SentenceEncoder
+
+    return SentenceEncoder(config.encoder)
+
+
+def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
+    """The batcher's settings and lanes (batches in flight). A remote engine takes `max_batch`
+    inputs a call and `max_in_flight` calls at once, and pads its own batches: ours need not
+    be cut by padding."""
+    remote = config.encoder.remote
+    if remote is None:
+        return config.batching, 1
+    settings = dataclasses.replace(
+        config.batching, max_batch_size=remote.max_batch, max_padding=1.0,
+        max_queue_requests=max(config.batching.max_queue_requests, remote.max_batch),
+    )
+    return settings, remote.max_in_flight
+
+
+async def start_batcher(config: RouterConfig, factory: BackendFactory | None = None) -> ContinuousBatcher:
+    """The backend (loaded off the event loop: seconds of blocking work) and its warmed-up batcher."""
+    loop = asyncio.get_running_loop()
+    backend = await loop.run_in_executor(None, factory or make_backend, config)
+    settings, lanes = batcher_shape(config)
+    batcher = ContinuousBatcher(backend, settings, PrometheusBatchObserver(), lanes)
+    batcher.start(loop)
+    await batcher.started()  # warm-up runs on the model thread
+    return batcher
+
