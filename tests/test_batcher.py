@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from batching import BatcherClosed, BatcherSettings, ContinuousBatcher, DeadlineExceeded, Overloaded, WouldMissDeadline
+from batching import (BatcherClosed, BatcherSettings, ContinuousBatcher, DeadlineExceeded, Overloaded, RemoteError,
+                      WouldMissDeadline)
 from batching.queue import WorkItem, choose_batch
 from tests.fakes import POISON, FakeBackend, vector_for
 
@@ -238,6 +239,62 @@ def test_poison_input_fails_only_itself():
         # The batcher keeps serving afterwards.
         np.testing.assert_allclose(await b.embed("later", far()), vector_for("later"))
         await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_batch_failing_for_a_reason_that_is_not_its_inputs_is_not_retried_one_by_one():
+    class Down(FakeBackend):  # a remote engine that is down: retrying each input would be a storm
+        def embed(self, token_ids, deadline=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > 1:
+                raise RemoteError("engine down")
+            return super().embed(token_ids, deadline)
+
+    async def main():
+        backend = Down(hold=True)
+        b, obs = await start_batcher(backend)
+        first = await hold_first(b, backend)
+        queued = await queue_behind(b, backend, [f"q{i}" for i in range(6)])
+        backend.gate.set()
+        await first
+        for outcome in await asyncio.gather(*queued, return_exceptions=True):
+            assert isinstance(outcome, RemoteError)
+        assert backend.calls == 2 and obs.dropped["error"] == 6
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_lanes_run_batches_side_by_side_and_each_drains_on_close():
+    class Inside(FakeBackend):
+        inside = most = 0
+
+        def embed(self, token_ids, deadline=None):
+            with self._lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            try:
+                return super().embed(token_ids, deadline)
+            finally:
+                with self._lock:
+                    self.inside -= 1
+
+    async def main():
+        backend = Inside(hold=True)
+        obs = CountingObserver()
+        b = ContinuousBatcher(backend, BatcherSettings(max_batch_size=2), obs, lanes=3)
+        b.start()
+        await b.started()
+        tasks = [asyncio.create_task(b.embed(f"t{i}", far())) for i in range(8)]
+        await wait_until(lambda: backend.inside == 3)  # three batches in the model at once
+        closing = asyncio.create_task(b.aclose())
+        backend.gate.set()
+        for i, v in enumerate(await asyncio.gather(*tasks)):
+            np.testing.assert_allclose(v, vector_for(f"t{i}"))
+        await closing
+        assert backend.most == 3 and sum(size for size, _, _ in obs.batches) == 8
+        assert not any(t.is_alive() for t in b._threads)
 
     asyncio.run(main())
 
