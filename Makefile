@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools test-unit test-integration bench bench-contention bench-frontend bench-edge soak clinc150 clean
+.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,13 +26,23 @@ tools: $(KUSTOMIZE)
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "install Debian's prometheus package (promtool, prometheus) for the deploy tests"; fi; }
 
-test: $(STAMP) tools
+# Infinity, the remote embedding engine the remote-engine tests and bench run, in a venv of its own
+# (its pins clash with ours: numpy 1, its own FastAPI stack).
+INFINITY := build/infinity/bin/infinity_emb
+$(INFINITY): requirements-infinity.lock
+	test -x build/infinity/bin/python || $(PYTHON) -m venv build/infinity
+	build/infinity/bin/python -m pip install --quiet -r requirements-infinity.lock
+	touch $(INFINITY)
+
+infinity: $(INFINITY)
+
+test: $(STAMP) tools $(INFINITY)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-integration: $(STAMP) tools
+test-integration: $(STAMP) tools $(INFINITY)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: $(STAMP)
