@@ -258,6 +258,9 @@ class ContinuousBatcher:
             except Exception:  # the model thread must survive anything a batch does
                 log.exception("batch handling failed")
                 self._settle_from_thread(batch.items, [RuntimeError("batch failed")] * len(batch.items))
+            finally:
+                if batch.items:
+                    self._queue.done()
 
     def _warm_up(self) -> None:
         try:

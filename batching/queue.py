@@ -97,6 +97,7 @@ class BatchQueue:
         self._reserved = 0
         self._tokens = 0
         self._closed = False
+        self._running = 0  # batches cut and not yet done (several where the batcher has lanes)
         self._cond = threading.Condition()
 
     def new_item(self, text: str, deadline: float, future: asyncio.Future) -> WorkItem:
@@ -147,13 +148,17 @@ class BatchQueue:
         self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0,
         cost: BatchCostModel | None = None, margin: float = 0.0,
     ) -> Batch | None:
-        """Block until there is work; None once closed and nothing is left reserved.
+        """Block until there is work; None once closed and nothing is left reserved. Call `done()`
+        when a batch with items has run.
 
+        A batch is cut while no other batch runs, or once a full one (`max_size`) is waiting:
+        while one runs, what arrives forms the next batch instead of going out in small ones
+        (a lane's own call costs the remote engine as much as a batch's).
         With a ready `cost` model no item is computed that is predicted to finish (plus `margin`)
         after its deadline, and the batch is cut no larger than its oldest item's deadline allows.
         """
         with self._cond:
-            while not self._items:
+            while not self._items or (self._running and len(self._items) < max_size and not self._closed):
                 if self._closed and self._reserved == 0:
                     return None
                 self._cond.wait(0.1)
@@ -190,8 +195,15 @@ class BatchQueue:
             gone = chosen + expired + cancelled + late
             self._tokens -= sum(i.n_tokens for i in gone)
             self._reserved -= len(gone)
+            self._running += bool(chosen)
             self._cond.notify_all()
             return Batch(chosen, expired, cancelled, late, predicted)
+
+    def done(self) -> None:
+        """A batch with items that next_batch handed out has run."""
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
 
     def _top_up(self, max_size: int, max_wait: float) -> None:
         # Optional latency-for-throughput trade: give a tiny batch a moment to grow.
