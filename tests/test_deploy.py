@@ -141,7 +141,7 @@ def test_promtool_checks_scrape_config_and_alert_rules():
     rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} == {
         "SemanticRouterDown", "SemanticRouterFallbackRatioHigh", "SemanticRouterProcessingLatencyHigh",
-        "SemanticRouterQueueNearFull"}
+        "SemanticRouterQueueNearFull", "SemanticRouterRemoteEngineDown"}
 
 
 def exported_names() -> set[str]:
@@ -161,7 +161,7 @@ def test_grafana_panels_only_use_exported_metrics():
     titles = {p["title"] for p in dash["panels"]}
     assert {"Requests by route", "Fallbacks by reason", "Routing latency (ext_proc body to answer)",
             "Batch size distribution", "Queue wait", "Queue depth", "Model inference time per batch",
-            "Decision cache hit ratio"} <= titles
+            "Decision cache hit ratio", "Remote engine calls by outcome (circuit open: refused)"} <= titles
     for panel in dash["panels"]:
         for target in panel["targets"]:
             used = promql_metric_names(target["expr"])
