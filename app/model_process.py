@@ -36,8 +36,9 @@ class ModelProcess:
         backend = self.batcher.backend
         gc.collect()
         gc.freeze()  # see RouterServer.start: the model's objects are never scanned again
-        info = {"model": self.config.encoder.model, "dimension": getattr(backend, "dimension", None),
-                "device": getattr(backend, "device", "n/a")}
+        remote = self.config.encoder.remote
+        info = {"model": remote.model if remote else self.config.encoder.model,
+                "dimension": getattr(backend, "dimension", None), "device": getattr(backend, "device", "n/a")}
         self.server = ModelSocketServer(self.batcher, self.socket_path, info)
         await self.server.start()
         self._watches = [asyncio.create_task(process_watch.update_process_gauges("model")),

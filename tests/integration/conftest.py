@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 
+import httpx
 import pytest
 
 from devstack.envoy_binary import find_envoy
@@ -47,3 +49,18 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if m and labels in (m.group(1) or ""):
             total += float(m.group(2))
     return total
+
+
+def ask(stack, prompt: str) -> httpx.Response:
+    """One chat completion through the stack's Envoy, routed (`model: auto`)."""
+    return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
+                      json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not reached within {timeout:.0f}s: {what}")

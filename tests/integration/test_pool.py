@@ -9,13 +9,12 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import yaml
 
 from devstack.stack import ROOT, Stack, StackPorts
 from tests.extproc_client import route_once
-from tests.integration.conftest import metric, scrape
+from tests.integration.conftest import ask, metric, scrape, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +31,6 @@ def pool(tmp_path_factory, envoy_binary):
     stack.stop()
 
 
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not reached within {timeout:.0f}s: {what}")
-
-
 def all_up(stack) -> bool:
     text = scrape(stack.metrics_url)
     return all(metric(text, "semantic_router_pool_process_up", f'process="{p}"') == 1
@@ -49,11 +39,6 @@ def all_up(stack) -> bool:
 
 def pid_of(stack, process: str) -> int:
     return int(metric(scrape(stack.metrics_url), "semantic_router_pool_process_pid", f'process="{process}"'))
-
-
-def ask(stack, prompt: str) -> httpx.Response:
-    return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
-                      json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
 
 
 @pytest.mark.parametrize("prompt, backend", [

@@ -17,7 +17,7 @@ import yaml
 from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import ROOT, Stack, StackPorts, free_port
 from router.config import load_config
-from tests.integration.conftest import metric, scrape
+from tests.integration.conftest import ask, metric, scrape, wait_for
 
 KEY = "sk-infinity-test-7f3a9c1e"
 KEY_ENV = "SEMANTIC_ROUTER_ENGINE_KEY"
@@ -74,22 +74,8 @@ def remote(tmp_path_factory, envoy_binary, engine):
     stack.stop()
 
 
-def ask(stack, prompt: str) -> httpx.Response:
-    return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
-                      json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
-
-
 def reason(r: httpx.Response) -> str:
     return r.headers.get("x-semantic-route-reason", "")
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not reached within {timeout:.0f}s: {what}")
 
 
 def test_routes_and_embeddings_match_the_local_encoder_and_the_guard_holds(remote, engine):
