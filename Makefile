@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge soak clinc150 clean
+.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,11 @@ bench-edge: $(STAMP)
 	mkdir -p build
 	$(PY) -m bench.large_body_bench --out build/bench-large-body.json
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.stalled_uploads --out build/bench-stalled.json
+
+# The router on its own model vs on a remote Infinity, and the share of the engine's ceiling it reaches.
+bench-remote: $(STAMP) $(INFINITY)
+	mkdir -p build
+	$(PY) -m bench.remote_bench --out build/bench-remote.json $(BENCH_ARGS)
 
 soak: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)
