@@ -134,8 +134,8 @@ class ContinuousBatcher:
             raise
 
     def predicted_wait(self) -> float:
-        """Seconds until a request admitted now would have its embedding: until the first lane is
-        free, then every batch needed for what is queued (this request included), lanes at a time."""
+        """Seconds until a request admitted now would have its embedding: until a lane may cut a
+        batch, then every batch needed for what is queued (this request included), lanes at a time."""
         if not self.cost.ready:
             return 0.0
         s = self.settings
@@ -147,7 +147,10 @@ class ContinuousBatcher:
         per_batch = min(s.max_batch_size, max(self._mean_batch, reserved / 2))
         batches = max(1, math.ceil(reserved / per_batch), math.ceil(padded / s.max_batch_tokens))
         fixed, per_token = self.cost.coefficients
-        running = max(0.0, min(self._busy_until) - time.monotonic())
+        # The queue cuts a batch beside a running one only once a full batch waits (BatchQueue.
+        # next_batch): short of that, the wait is for every running batch, not for the first.
+        free_at = min(self._busy_until) if reserved >= s.max_batch_size else max(self._busy_until)
+        running = max(0.0, free_at - time.monotonic())
         rounds = math.ceil(batches / self.lanes)
         return running + rounds * fixed + per_token * padded / self.lanes + self.margin
 

@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import yaml
 from bench.ext_proc_bench import start_router
 from bench.report import emit
 from devstack.envoy_binary import find_envoy
+from devstack.readiness import http_ok, wait_ready
 from devstack.stack import ROOT, StackPorts, free_port, on_stack_ports
 from router.config import load_config
 from extproc.envoy_config import render
@@ -83,12 +83,8 @@ def start_direct_envoy(config_file: Path, router_port: int, listener: int, admin
     config_file.write_text(yaml.safe_dump(direct_response_bootstrap(router_port, listener, admin, router_config)))
     envoy = subprocess.Popen([find_envoy(), "-c", str(config_file), "--log-level", "error", "--disable-hot-restart",
                               *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
+    wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20.0,
+               lambda: "(its output is discarded)", poll_s=0.1)
     return envoy
 
 

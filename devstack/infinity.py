@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
+
+from devstack.readiness import http_ok, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 INFINITY = ROOT / "build" / "infinity" / "bin" / "infinity_emb"
@@ -43,22 +43,15 @@ class Infinity:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
         log = open(self.workdir / "infinity.log", "ab")
         self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        give_up = time.monotonic() + timeout
-        while not self.healthy():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"infinity exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > give_up:
-                self.stop()
-                raise TimeoutError(f"infinity not answering after {timeout:.0f}s:\n{self.log_tail()}")
-            time.sleep(0.3)
+        try:
+            wait_ready(self.proc, "infinity", self.healthy, timeout, self.log_tail, poll_s=0.3)
+        except TimeoutError:
+            self.stop()
+            raise
         return self
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return http_ok(f"{self.url}/health")
 
     def signal(self, sig: int) -> None:
         """To its whole process group (its server may run workers)."""

@@ -9,8 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -21,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.envoy_binary import find_envoy
 from devstack.mock_backend import MockBackends
+from devstack.readiness import http_ok, wait_ready
 from extproc.envoy_config import default_backends, render_yaml
 from router.config import BackendConfig, RouterConfig, load_config
 
@@ -169,23 +168,12 @@ class Stack:
         self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
 
     def envoy_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.admin}/ready", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return http_ok(f"http://127.0.0.1:{self.ports.admin}/ready")
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _wait(self, proc: subprocess.Popen, name: str, ready, timeout: float) -> None:
-        give_up = time.monotonic() + timeout
-        while time.monotonic() < give_up:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode} while starting:\n{self.log_tail(name)}")
-            if ready():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{name} not ready after {timeout:.0f}s:\n{self.log_tail(name)}")
+        wait_ready(proc, name, ready, timeout, lambda: self.log_tail(name))
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.workdir / f"{name}.log"

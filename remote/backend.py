@@ -23,11 +23,14 @@ log = logging.getLogger(__name__)
 # batch's inputs one by one, so that one bad prompt fails alone. Anything else counts against
 # the engine (429 included: a breaker that opens gives an overloaded engine room).
 _INPUT_REFUSED = frozenset({400, 413, 422})
+# How a call fails short of an HTTP status: no connection, a broken exchange, an answer that is
+# not embeddings.
+_CALL_FAILED = (OSError, http.client.HTTPException, ValueError)
 _WAIT_LOG_S = 10.0
 
 
 class RemoteInput:
-    """A prompt bound for the engine. len() estimates its tokens (about 4 bytes each): the unit
+    """A prompt bound for the engine. len() estimates its tokens (about 4 characters each): the unit
     of the batcher's budgets and cost model; the engine tokenizes for itself."""
 
     __slots__ = ("text", "_tokens")
@@ -79,7 +82,7 @@ class RemoteBackend:
             raise self._failed("error", str(exc)) from None
         except TimeoutError:
             raise self._failed("timeout", f"no answer within {timeout * 1000:.0f} ms") from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except _CALL_FAILED as exc:
             raise self._failed("error", f"{type(exc).__name__}: {exc}") from None
         finally:
             metrics.REMOTE_IN_FLIGHT.dec()
@@ -123,7 +126,7 @@ class RemoteBackend:
                 if exc.status in (401, 403, 404) or exc.status in _INPUT_REFUSED:
                     raise ValueError(f"encoder.remote: {self.api.url} refused the embeddings call: {exc}") from None
                 why = str(exc)
-            except (OSError, http.client.HTTPException, ValueError) as exc:
+            except _CALL_FAILED as exc:
                 why = f"{type(exc).__name__}: {exc}"
             if time.monotonic() - said >= _WAIT_LOG_S:
                 said = time.monotonic()
