@@ -249,15 +249,20 @@ class _PoolCollector:
                                labels=["process"])
         restarts = CounterMetricFamily("semantic_router_pool_restarts",
                                        "Times a pool process died and was started again.", labels=["process"])
+        ready = GaugeMetricFamily("semantic_router_pool_process_ready",
+                                  "1 once a pool process serves (a worker: listening, routes built; the model: "
+                                  "answering on its socket), until it dies.", labels=["process"])
         pids = GaugeMetricFamily("semantic_router_pool_process_pid", "Each running pool process's pid.",
                                  labels=["process"])
         for child in list(self._pool._children.values()):
             alive = child.process is not None and child.process.exitcode is None
             up.add_metric([child.name], 1.0 if alive else 0.0)
+            ready.add_metric([child.name], 1.0 if alive and child.ready else 0.0)
             restarts.add_metric([child.name], child.restarts)
             if alive:
                 pids.add_metric([child.name], child.process.pid)
         yield up
+        yield ready
         yield restarts
         yield pids
 

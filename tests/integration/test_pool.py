@@ -26,14 +26,17 @@ def pool(tmp_path_factory, envoy_binary):
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
     stack = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
     stack.start(timeout=300)
-    wait_for(lambda: all_up(stack), 120, "every pool process up")
+    # Serving, not only running: a worker still building its routes has not bound the port, and
+    # the kernel would deal every connection to its sibling.
+    wait_for(lambda: all_ready(stack), 120, "every pool process serving")
     yield stack
     stack.stop()
 
 
-def all_up(stack) -> bool:
+def all_ready(stack) -> bool:
     text = scrape(stack.metrics_url)
     return all(metric(text, "semantic_router_pool_process_up", f'process="{p}"') == 1
+               and metric(text, "semantic_router_pool_process_ready", f'process="{p}"') == 1
                for p in ("model", "worker-0", "worker-1"))
 
 
@@ -83,6 +86,7 @@ def test_a_killed_worker_is_replaced_and_requests_keep_being_answered(pool):
         text = scrape(pool.metrics_url)
         if (metric(text, "semantic_router_pool_restarts_total", 'process="worker-0"') == 1
                 and metric(text, "semantic_router_pool_process_up", 'process="worker-0"') == 1
+                and metric(text, "semantic_router_pool_process_ready", 'process="worker-0"') == 1
                 and pid_of(pool, "worker-0") != old):
             break
         time.sleep(0.2)
