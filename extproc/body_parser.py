@@ -22,19 +22,19 @@ class BodyParser:
         self.inline_limit = inline_limit
         self._pool: ProcessPoolExecutor | None = None
 
-    async def parse(self, raw: bytes, path: str, policy: RequestsConfig) -> ParsedBody:
+    async def parse(self, raw: bytes, path: str, policy: RequestsConfig, max_turns: int = 1) -> ParsedBody:
         """ParsedBody, or BadBody for an unusable body (as parse_body)."""
         if len(raw) <= self.inline_limit:
-            return parse_body(raw, path, policy)
+            return parse_body(raw, path, policy, max_turns)
         if self._pool is None:
             # spawn, not fork: the router process runs threads (torch's among them).
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         try:
-            summary = await asyncio.get_running_loop().run_in_executor(self._pool, summarize, raw, path, policy)
+            summary = await asyncio.get_running_loop().run_in_executor(self._pool, summarize, raw, path, policy, max_turns)
         except BrokenProcessPool:  # the worker died (killed, out of memory): a new one next time
             log.warning("body parser process died; parsing this body in-process")
             self._pool = None
-            return parse_body(raw, path, policy)
+            return parse_body(raw, path, policy, max_turns)
         return from_summary(raw, summary)
 
     def close(self) -> None:

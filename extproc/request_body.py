@@ -2,9 +2,12 @@
 
 Shapes: OpenAI chat completions (string content or content parts), legacy completions (`prompt`
 string or list), the Responses API (`input` string or items, `instructions`), Anthropic Messages
-(`messages` plus top-level `system`). Which text is "the prompt" follows the `requests` config:
-the last `prompt_turns` user turns joined oldest first, the system prompt first if
-`include_system`, capped at about `prompt_max_tokens` keeping the most recent text.
+(`messages` plus top-level `system`). A user turn is the text the user wrote: the text parts of a
+`user` message, less the blocks an agent harness adds (`requests.harness_tags`); tool calls, tool
+results, images and every other role are not read (the README's table says what is read where).
+What is routed on: the last `max_turns` user turns one by one (conversation.policy track), or
+(last_turns, max_turns 1) the last `prompt_turns` joined oldest first, the system prompt first if
+`include_system`; each text capped at about `prompt_max_tokens`, keeping the most recent text.
 """
 
 from __future__ import annotations
@@ -38,8 +41,13 @@ class BadBody(ValueError):
 class ParsedBody:
     data: MutableMapping[str, Any]  # a LazyObject: members decode when first read
     model: str | None
-    prompt: str | None  # None: no user text to route on
+    turns: tuple[str, ...]  # what is routed on, oldest first; empty: no user text to route on
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
+
+    @property
+    def prompt(self) -> str | None:
+        """The request's own prompt (its last user turn): what prompt filters read."""
+        return self.turns[-1] if self.turns else None
 
 
 class _DuplicateKey(ValueError):
@@ -193,7 +201,7 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
     return b, b + len(text[start:end].encode("utf-8"))
 
 
-def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> ParsedBody:
+def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1) -> ParsedBody:
     """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
     reads; members are decoded only when read (see LazyObject)."""
     text = _text(raw)
@@ -207,7 +215,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) 
         model = data.get("model")
         if model is not None and not isinstance(model, str):
             raise BadBody("bad_model", "model is not a string")
-        prompt = extract_prompt(data, path, policy)
+        turns = extract_turns(data, path, policy, max_turns)
     except _DuplicateKey as dup:
         raise BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object") from None
     except BadBody:
@@ -215,7 +223,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) 
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
     model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
-    return ParsedBody(data, model, prompt, model_span)
+    return ParsedBody(data, model, turns, model_span)
 
 
 @dataclass
@@ -223,18 +231,18 @@ class BodySummary:
     """What a worker process that parsed a body sends back: small, whatever the body's size."""
 
     model: str | None
-    prompt: str | None
+    turns: tuple[str, ...]
     model_span: tuple[int, int] | None
     spans: dict[str, tuple[int, int] | None]
 
 
-def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> BodySummary:
-    parsed = parse_body(raw, path, policy)
-    return BodySummary(parsed.model, parsed.prompt, parsed.model_span, parsed.data._spans)
+def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1) -> BodySummary:
+    parsed = parse_body(raw, path, policy, max_turns)
+    return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data._spans)
 
 
 def from_summary(raw: bytes, summary: BodySummary) -> ParsedBody:
-    return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.prompt, summary.model_span)
+    return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.turns, summary.model_span)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
@@ -263,46 +271,86 @@ def with_model(raw: bytes, span: tuple[int, int] | None, model: str) -> bytes:
     return raw[:i] + b'"model":' + value + sep + raw[i:]
 
 
-def extract_prompt(data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY) -> str | None:
+def extract_turns(
+    data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
+) -> tuple[str, ...]:
+    """The texts to route on, oldest first (see the module's docstring); () when the user wrote none."""
+    strip = policy.harness_tags
     if path.endswith("/completions") and not path.endswith("/chat/completions"):
         turns, system = _legacy_prompt(data.get("prompt")), None
     elif path.endswith("/responses"):
-        turns, system = _responses_turns(data.get("input")), _text_of(data.get("instructions"))
+        items = data.get("input")
+        turns = [items] if isinstance(items, str) and items.strip() else _user_turns(items, strip)
+        system = _joined([_text_of(data.get("instructions")), _system_of(items)])
     else:
         messages = data.get("messages")
-        turns = _user_turns(messages)
+        turns = _user_turns(messages, strip)
         system = _text_of(data.get("system")) if "system" in data else _system_of(messages)
+    cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
+    if max_turns > 1:
+        return tuple(_capped(t, cap) for t in turns[-max_turns:])
     turns = turns[-policy.prompt_turns :]
     if not turns:
-        return None
-    parts = ([system] if policy.include_system and system else []) + turns
-    text = "\n".join(parts)
-    cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
+        return ()
+    return (_capped(_joined(([system] if policy.include_system else []) + turns), cap),)
+
+
+def _capped(text: str, cap: int) -> str:
     return text[-cap:] if len(text) > cap else text
 
 
-def _text_of(content: Any) -> str | None:
-    """String content, or the text parts of a content-part array (images etc. ignored)."""
-    if isinstance(content, str):
-        return content if content.strip() else None
+def _joined(texts: list[str | None]) -> str | None:
+    return "\n".join(t for t in texts if t) or None
+
+
+def _text_of(content: Any, strip: tuple[str, ...] = ()) -> str | None:
+    """String content, or the text parts of a content-part array (images, tool calls and tool
+    results ignored), less the harness blocks of the tags in `strip`."""
     if isinstance(content, list):
-        parts = [
+        content = "\n".join(
             p["text"]
             for p in content
             if isinstance(p, dict) and p.get("type") in ("text", "input_text") and isinstance(p.get("text"), str)
-        ]
-        text = "\n".join(parts)
-        return text if text.strip() else None
-    return None
+        )
+    if not isinstance(content, str):
+        return None
+    if strip and "<" in content:
+        content = _without_blocks(content, strip)
+    return content if content.strip() else None
 
 
-def _user_turns(messages: Any) -> list[str]:
+def _without_blocks(text: str, tags: tuple[str, ...]) -> str:
+    """`text` less every <tag ...>...</tag> block of `tags`. Linear: a tag left open ends the
+    search for that tag (a regex would rescan the rest of the text at every unclosed one)."""
+    for tag in tags:
+        opening, closing = "<" + tag, "</" + tag + ">"
+        kept, i = [], 0
+        while (j := text.find(opening, i)) >= 0:
+            k = j + len(opening)
+            if text[k : k + 1] not in (">", " ", "\n", "\t", "\r"):  # <tagname-longer>: not this tag
+                kept.append(text[i:k])
+                i = k
+                continue
+            end = text.find(closing, k)
+            if end < 0:
+                break
+            kept.append(text[i:j])
+            i = end + len(closing)
+        if kept:
+            kept.append(text[i:])
+            text = "".join(kept)
+    return text.strip()
+
+
+def _user_turns(messages: Any, strip: tuple[str, ...]) -> list[str]:
+    """Each `user` message's own text (Responses items included); one made only of tool results or
+    harness text is not a turn."""
     if not isinstance(messages, list):
         return []
     out = []
     for m in messages:
         if isinstance(m, dict) and m.get("role") == "user":
-            text = _text_of(m.get("content"))
+            text = _text_of(m.get("content"), strip)
             if text:
                 out.append(text)
     return out
@@ -311,22 +359,14 @@ def _user_turns(messages: Any) -> list[str]:
 def _system_of(messages: Any) -> str | None:
     if not isinstance(messages, list):
         return None
-    texts = [
+    return _joined([
         _text_of(m.get("content"))
         for m in messages
         if isinstance(m, dict) and m.get("role") in ("system", "developer")
-    ]
-    joined = "\n".join(t for t in texts if t)
-    return joined or None
+    ])
 
 
 def _legacy_prompt(prompt: Any) -> list[str]:
     if isinstance(prompt, list):
         prompt = prompt[-1] if prompt and all(isinstance(p, str) for p in prompt) else None
     return [prompt] if isinstance(prompt, str) and prompt.strip() else []
-
-
-def _responses_turns(items: Any) -> list[str]:
-    if isinstance(items, str):
-        return [items] if items.strip() else []
-    return _user_turns([i for i in items if isinstance(i, dict)] if isinstance(items, list) else None)

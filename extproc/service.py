@@ -176,8 +176,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             ctx.unread = "body_too_large"
             ctx.requested_model, ctx.model_span = peek_model(raw)
             return ctx
-        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests)
-        ctx.body, ctx.requested_model, ctx.prompt, ctx.model_span = parsed.data, parsed.model, parsed.prompt, parsed.model_span
+        conversation = engine.config.conversation
+        max_turns = conversation.max_turns if conversation.policy == "track" else 1
+        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests, max_turns)
+        ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
+        ctx.turns, ctx.prompt = parsed.turns, parsed.prompt
         return ctx
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:

@@ -44,8 +44,8 @@ class ModelPolicy:
 
 
 class SemanticRoute:
-    """Classifies the prompt unless an earlier filter already decided (the service then writes
-    the decision's model into the body when the model policy asked for it)."""
+    """Routes on the request's user turns unless an earlier filter already decided (the service
+    then writes the decision's model into the body when the model policy asked for it)."""
 
     name = "semantic_route"
 
@@ -54,10 +54,10 @@ class SemanticRoute:
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.decision is None:
-            if ctx.prompt is None:
+            if not ctx.turns:
                 ctx.decision = ctx.engine.default(ctx.unread or "no_prompt")
             else:
-                ctx.decision = await ctx.engine.decide(ctx.prompt, ctx.deadline, ctx.embedding)
+                ctx.decision = await ctx.engine.decide(ctx.turns, ctx.deadline, ctx.embedding)
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ class RequestContext:
     headers: dict[str, str]
     body: MutableMapping[str, Any]  # the parsed JSON object; members decode when first read
     requested_model: str | None
-    prompt: str | None
+    prompt: str | None  # the request's own prompt: its last user turn (None: no user text)
     deadline: float  # time.monotonic() by which the answer must go back to Envoy
     engine: RoutingEngine
     body_bytes: int = 0
+    turns: tuple[str, ...] = ()  # what routing reads, oldest first; the last is `prompt`
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.
     unread: str | None = None

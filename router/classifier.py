@@ -56,7 +56,8 @@ class RouteClassifier:
             unmatched |= scores[:, -1] > best
         return np.where(unmatched, -1, idx)
 
-    def _decision(self, row: np.ndarray, idx: int) -> Decision:
+    def decision(self, row: np.ndarray, idx: int) -> Decision:
+        """The decision for one row of `scores` and its choice (as `choose` gives it)."""
         if idx < 0:
             return self.default("default", float(row[-1] if self.has_default_class else row[: len(self.routes)].max()))
         route = self.routes[idx]
@@ -67,7 +68,7 @@ class RouteClassifier:
 
     def classify_many(self, embeddings: np.ndarray) -> list[Decision]:
         scores = self.scores(embeddings)
-        return [self._decision(row, int(i)) for row, i in zip(scores, self.choose(scores))]
+        return [self.decision(row, int(i)) for row, i in zip(scores, self.choose(scores))]
 
     def default(self, reason: str, score: float = 0.0) -> Decision:
         d = self.config.default_route

@@ -20,6 +20,15 @@ __all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_SAFE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+_TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
+
+# What agent harnesses put into the user's turn besides the user's words: Claude Code's reminders,
+# hook output and slash-command echoes; Cline's and Roo's environment details; IDE context.
+HARNESS_TAGS = (
+    "system-reminder", "user-prompt-submit-hook", "command-name", "command-message", "command-args",
+    "local-command-stdout", "local-command-stderr", "environment_details", "ide_selection",
+    "ide_opened_file", "ide_diagnostics",
+)
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -151,14 +160,37 @@ class RequestsConfig:
     model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
     unknown_model: Literal["route", "reject"] = "route"
     max_body_bytes: int = 4 * 1024 * 1024
-    prompt_turns: int = 1  # route on the last N user turns, joined
-    include_system: bool = False  # prepend the system prompt to what is routed on
+    prompt_turns: int = 1  # conversation.policy last_turns: route on the last N user turns, joined
+    include_system: bool = False  # last_turns: prepend the system prompt to what is routed on
     prompt_max_tokens: int = 512  # cap on the joined prompt (approximate; the encoder truncates further)
+    # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
+    harness_tags: tuple[str, ...] = HARNESS_TAGS
 
     def __post_init__(self):
+        for i, tag in enumerate(self.harness_tags):
+            _require(bool(_TAG.match(tag)), f"harness_tags[{i}]", f"{tag!r} must match {_TAG.pattern}")
         _require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
         _require(self.prompt_turns >= 1, "prompt_turns", "must be at least 1")
         _require(self.prompt_max_tokens >= 8, "prompt_max_tokens", "must be at least 8")
+
+
+@dataclass(frozen=True)
+class ConversationConfig:
+    """How a request that carries a conversation is routed (router/conversation.py)."""
+
+    # track: each of the last `max_turns` user turns is scored on its own; the most recent one that
+    # is decisive (wins with a score of at least `gate`) sets the route, so a follow-up that names
+    # no topic keeps the conversation's route and a turn that names a new one switches.
+    # last_turns: the last `requests.prompt_turns` user turns joined, scored as one text.
+    policy: Literal["track", "last_turns"] = "track"
+    max_turns: int = 8
+    # None: a turn is decisive when it clears its route's threshold. A trained head's probability
+    # makes a good gate (`semantic-router fit` on conversations tunes it); a cosine score does not.
+    gate: float | None = None
+
+    def __post_init__(self):
+        _require(1 <= self.max_turns <= 64, "max_turns", "must be between 1 and 64")
+        _require(self.gate is None or -1.0 <= self.gate <= 1.0, "gate", "must be between -1 and 1")
 
 
 @dataclass(frozen=True)
@@ -217,11 +249,12 @@ class RouterConfig:
     batching: BatcherSettings = field(default_factory=BatcherSettings)  # the batcher's own settings type
     server: ServerConfig = field(default_factory=ServerConfig)
     requests: RequestsConfig = field(default_factory=RequestsConfig)
+    conversation: ConversationConfig = field(default_factory=ConversationConfig)
     filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
     filter_settings: dict = field(default_factory=dict)  # filter name -> its own settings
     backends: tuple[BackendConfig, ...] = ()
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
-    cache_size: int = 4096  # recent prompt -> decision; 0 turns the cache off
+    cache_size: int = 8192  # embeddings of recent texts (user turns, prompts), LRU; 0 turns the cache off
     log_prompts: bool = False  # prompts are user data: off unless debugging
 
     def __post_init__(self):
@@ -232,6 +265,12 @@ class RouterConfig:
             seen.add(route.name)
         _require(-1.0 <= self.default_threshold <= 1.0, "default_threshold", "must be between -1 and 1")
         _require(self.cache_size >= 0, "cache_size", "must not be negative")
+        if self.conversation.policy == "track":
+            # track reads turns one by one; joining them is what last_turns does.
+            _require(self.requests.prompt_turns == 1, "requests.prompt_turns",
+                     "joins turns for conversation.policy last_turns; with track leave it at 1")
+            _require(not self.requests.include_system, "requests.include_system",
+                     "applies to conversation.policy last_turns; track routes on the user's turns")
         seen_models = set()
         for i, b in enumerate(self.backends):
             _require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

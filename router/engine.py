@@ -1,9 +1,11 @@
-"""Turns a prompt into a routing decision within a deadline; `decide` never raises."""
+"""Turns a request's user turns into a routing decision within a deadline; `decide` never raises."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -11,12 +13,10 @@ from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable
 from router import metrics
 from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
-from router.decision_cache import LRUCache
+from router.conversation import deciding_turn
+from router.embedding_cache import EmbeddingCache
 
 log = logging.getLogger(__name__)
-
-_CACHEABLE_CHARS = 8192  # longer prompts are rare repeats and would pin memory in the cache
-
 
 class RoutingUnavailable(Exception):
     """No embedding for this prompt: the batcher is overloaded, the deadline passed, the router is
@@ -47,7 +47,7 @@ class RoutingEngine:
         self.config = config
         self.batcher = batcher
         self.classifier = classifier
-        self.cache: LRUCache[Decision] = LRUCache(config.cache_size)
+        self.cache = EmbeddingCache(config.cache_size)
         # A pinned model is reported under the first route that sends to it (else the default route).
         self._route_of_model: dict[str, str] = {}
         for route in reversed(config.routes):
@@ -60,30 +60,31 @@ class RoutingEngine:
         """The decision for a request that names a backend model itself."""
         return Decision(self._route_of_model.get(model, self.config.default_route.name), model, 1.0, "model_pinned")
 
-    async def embed(self, prompt: str, deadline: float) -> np.ndarray:
-        """Raises RoutingUnavailable, whatever went wrong (a model failure must never reach the
-        request path as anything else)."""
+    async def embed(self, text: str, deadline: float) -> np.ndarray:
+        """Through the cache. Raises RoutingUnavailable, whatever went wrong (a model failure must
+        never reach the request path as anything else)."""
         try:
-            return await self.batcher.embed(prompt, deadline)
+            return await self.cache.get(text, lambda: self.batcher.embed(text, deadline))
         except Exception as exc:
             raise RoutingUnavailable(_fallback_reason(exc)) from exc
 
     async def decide(
-        self, prompt: str, deadline: float, embed: Callable[[], Awaitable[np.ndarray]] | None = None
+        self, turns: Sequence[str], deadline: float, embed_last: Callable[[], Awaitable[np.ndarray]] | None = None
     ) -> Decision:
-        """`embed` lets a caller share an embedding it already has (or will need) for `prompt`;
-        it raises RoutingUnavailable as `embed` does."""
-        cacheable = len(prompt) <= _CACHEABLE_CHARS and self.cache.size > 0
-        if cacheable:
-            hit = self.cache.get(prompt)
-            metrics.CACHE.labels("hit" if hit else "miss").inc()
-            if hit is not None:
-                return hit
-        try:
-            embedding = await (embed() if embed else self.embed(prompt, deadline))
-        except RoutingUnavailable as exc:
-            return self.default(exc.reason)
-        decision = self.classifier.classify(embedding)
-        if cacheable:
-            self.cache.put(prompt, decision)
+        """Routes a request on its user turns, oldest first (router/conversation.py): the last is
+        the request's own prompt, which `embed_last` embeds when a caller shares its embedding
+        (it raises RoutingUnavailable as `embed` does). Earlier turns that cannot be embedded now
+        are left out; without the last one, the request falls back."""
+        metrics.CONVERSATION_TURNS.observe(len(turns))
+        last = embed_last() if embed_last else self.embed(turns[-1], deadline)
+        found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
+        if isinstance(found[-1], BaseException):
+            if isinstance(found[-1], RoutingUnavailable):
+                return self.default(found[-1].reason)
+            raise found[-1]
+        scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
+        turn, choice = deciding_turn(self.classifier, scores, self.config.conversation.gate)
+        decision = self.classifier.decision(scores[turn], choice)
+        if turn != len(scores) - 1 and decision.reason == "matched":
+            return dataclasses.replace(decision, reason="context")
         return decision

@@ -23,7 +23,17 @@ FILTER_FAILURES = Counter(
     "Filter chains that timed out or raised (fallback_timeout|fallback_error); a decision made before stands.",
     ["reason"],
 )
-CACHE = Counter("semantic_router_cache_total", "Decision cache lookups, by result (hit|miss).", ["result"])
+EMBEDDING_CACHE = Counter(
+    "semantic_router_embedding_cache_total",
+    "Embedding cache lookups, by result (hit|miss|shared: joined the same text's embedding in flight).",
+    ["result"],
+)
+EMBEDDING_CACHE_ENTRIES = Gauge("semantic_router_embedding_cache_entries", "Embeddings held in the cache.",
+                                multiprocess_mode="livesum")
+CONVERSATION_TURNS = Histogram(
+    "semantic_router_conversation_turns", "User turns read per routed request (conversation.max_turns caps it).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+)
 BATCH_SIZE = Histogram("semantic_router_batch_size", "Requests per model batch.", buckets=_BATCH)
 BATCH_TOKENS = Histogram(
     "semantic_router_batch_tokens", "Padded tokens (longest x size) per model batch.", buckets=_TOKENS

@@ -161,7 +161,7 @@ def test_grafana_panels_only_use_exported_metrics():
     titles = {p["title"] for p in dash["panels"]}
     assert {"Requests by route", "Fallbacks by reason", "Routing latency (ext_proc body to answer)",
             "Batch size distribution", "Queue wait", "Queue depth", "Model inference time per batch",
-            "Decision cache hit ratio", "Remote engine calls by outcome (circuit open: refused)"} <= titles
+            "Embedding cache hit ratio (earlier turns, repeated prompts)", "Remote engine calls by outcome (circuit open: refused)"} <= titles
     for panel in dash["panels"]:
         for target in panel["targets"]:
             used = promql_metric_names(target["expr"])

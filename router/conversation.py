@@ -1,0 +1,49 @@
+"""Which user turn of a conversation sets its route: the most recent decisive one.
+
+A follow-up such as "Yes, that sounds good." names no topic: its best route wins weakly or not at
+all, so it keeps the route of the turn before it. A turn that names a topic clearly wins with a
+high score and switches. Scored turn by turn, this needs nothing remembered between requests: each
+request carries its conversation, and the embedding cache makes the earlier turns free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from router.classifier import RouteClassifier
+
+
+def deciding_turn(classifier: RouteClassifier, scores: np.ndarray, gate: float | None) -> tuple[int, int]:
+    """For one conversation's turns (rows of `scores`, oldest first): the turn that sets the route
+    and its choice (route index, -1 the default route). That turn is the last decisive one; with
+    none, the most confident (its own choice, often the default route)."""
+    choice, decisive = _decisive(classifier, scores, gate)
+    hits = np.flatnonzero(decisive)
+    turn = int(hits[-1]) if hits.size else int(np.argmax(scores.max(axis=1)))
+    return turn, int(choice[turn])
+
+
+def _decisive(classifier: RouteClassifier, scores: np.ndarray, gate: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each turn's own choice, and whether it is decisive.
+
+    Decisive: a route won with at least `gate` (and its threshold), or the default route's own
+    examples won with at least `gate`. Without a gate, winning is enough; a turn that falls to the
+    default route only because no route cleared its threshold is never decisive.
+    """
+    choice = classifier.choose(scores)
+    rows = np.arange(len(choice))
+    n_routes = len(classifier.routes)
+    won = np.where(choice >= 0, scores[rows, np.maximum(choice, 0)], -np.inf)
+    if classifier.has_default_class:
+        won = np.where(choice < 0, _default_win(scores, n_routes, classifier), won)
+    decisive = np.isfinite(won) & (won >= (gate if gate is not None else -np.inf))
+    return choice, decisive
+
+
+def _default_win(scores: np.ndarray, n_routes: int, classifier: RouteClassifier) -> np.ndarray:
+    """The default class's score where it beat every route that cleared its threshold; -inf where
+    the default route came only from nothing clearing."""
+    cleared = np.where(scores[:, :n_routes] >= classifier.thresholds, scores[:, :n_routes], -np.inf).max(axis=1)
+    default = scores[:, -1]
+    return np.where(default > cleared, default, -np.inf)
+

@@ -1,0 +1,80 @@
+"""Embeddings of recent texts, keyed by a hash of the text: each request of a conversation re-sends
+every earlier turn, and each distinct text should reach the model once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from router import metrics
+
+
+def _key(text: str) -> bytes:
+    # A digest, not the text: an entry costs the same for a 40 KiB prompt as for "yes".
+    # surrogatepass: JSON may carry a lone surrogate (\ud800), which strict UTF-8 cannot encode.
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class _Flight:
+    """One embedding being computed, and how many requests wait for it."""
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self, task: asyncio.Future):
+        self.task = task
+        self.waiters = 0
+
+
+class EmbeddingCache:
+    """LRU of `size` embeddings; a text asked for while its embedding is being computed waits for
+    that one (result `shared`) instead of queueing a second. Event-loop only; failures are not kept."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._data: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._flights: dict[bytes, _Flight] = {}
+
+    async def get(self, text: str, compute: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+        if self.size <= 0:
+            return await compute()
+        key = _key(text)
+        hit = self._data.get(key)
+        if hit is not None:
+            self._data.move_to_end(key)
+            metrics.EMBEDDING_CACHE.labels("hit").inc()
+            return hit
+        flight = self._flights.get(key)
+        if flight is None:
+            metrics.EMBEDDING_CACHE.labels("miss").inc()
+            flight = self._flights[key] = _Flight(asyncio.ensure_future(compute()))
+            flight.task.add_done_callback(lambda task: self._landed(key, task))
+        else:
+            metrics.EMBEDDING_CACHE.labels("shared").inc()
+        flight.waiters += 1
+        try:
+            # shield: one waiter leaving (its client went away) must not cancel the others' result.
+            return await asyncio.shield(flight.task)
+        except asyncio.CancelledError:
+            if flight.waiters == 1:  # the last one: nobody wants it, so the batcher may drop it
+                flight.task.cancel()
+            raise
+        finally:
+            flight.waiters -= 1
+
+    def _landed(self, key: bytes, task: asyncio.Future) -> None:
+        self._flights.pop(key, None)
+        if task.cancelled() or task.exception() is not None:
+            return
+        vector = np.array(task.result(), dtype=np.float32)  # a copy: a batch row would pin its whole batch
+        vector.setflags(write=False)  # shared by every request with this text
+        self._data[key] = vector
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+        metrics.EMBEDDING_CACHE_ENTRIES.set(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._data)
