@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clean
+.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,13 @@ clinc150: $(STAMP)
 	$(VENV)/bin/semantic-router fit --config build/clinc150.yaml --data $(CLINC)/train.jsonl \
 		--head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl
+
+SGD := ../shared/data/sgd
+sgd: $(STAMP)
+	$(PY) examples/sgd/build_config.py --train $(SGD)/train.jsonl --out build/sgd.yaml
+	$(VENV)/bin/semantic-router eval --config build/sgd.yaml --data $(SGD)/dev.jsonl
+	$(VENV)/bin/semantic-router fit --config build/sgd.yaml --data $(SGD)/train.jsonl --head --out build/sgd.fitted.yaml
+	$(VENV)/bin/semantic-router eval --config build/sgd.fitted.yaml --data $(SGD)/dev.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

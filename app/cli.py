@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import asyncio
 import dataclasses
 import json
@@ -180,15 +181,57 @@ def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
     return evaluate(data.labels, predicted, list(config.route_names), config.default_route.name)
 
 
+def _dialogues(config: RouterConfig, path: Path):
+    from tuning.conversations import load_dialogues
+
+    try:
+        return load_dialogues(path, config.route_names)
+    except (OSError, ValueError) as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -> dict:
+    """Per user turn, routed with the turns before it, as the router routes it."""
+    from tuning.conversations import TurnTable, conversation_metrics, predict
+    from tuning.evaluation import evaluate
+
+    table = TurnTable.of(dialogues)
+    predicted = predict(config, classifier, dialogues, vectors)
+    report = evaluate(table.labels, predicted, list(config.route_names), config.default_route.name)
+    report["conversation"] = conversation_metrics(table, predicted)
+    return report
+
+
+def _vectors(encoder, texts: list[str]) -> dict:
+    return dict(zip(texts, encoder.encode(texts)))
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    from tuning.conversations import routed_texts
     from tuning.evaluation import format_report
 
     config = _load(args.config)
-    data = _labelled(config, args.data)
-    encoder, classifier = _offline(config)
-    report = _report(classifier, encoder.encode(data.texts), data, config)
+    if _is_conversations(args.data):
+        dialogues = _dialogues(config, args.data)
+        encoder, classifier = _offline(config)
+        report = _conversation_report(config, classifier, dialogues, _vectors(encoder, routed_texts(config, dialogues)))
+    else:
+        data = _labelled(config, args.data)
+        encoder, classifier = _offline(config)
+        report = _report(classifier, encoder.encode(data.texts), data, config)
     print(json.dumps(report) if args.json else format_report(report, config.default_route.name))
     return 0
+
+
+def _is_conversations(path: Path) -> bool:
+    from tuning.conversations import is_conversation_data
+
+    try:
+        return is_conversation_data(path)
+    except OSError as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -196,19 +239,33 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     from tuning.fit import classifier_section, fit
 
-    config = _load(args.config)
-    data = _labelled(config, args.data)
-    encoder, classifier = _offline(config)
-    embeddings = encoder.encode(data.texts)
-    before = _report(classifier, embeddings, data, config)
-    result = fit(config, encoder.encode, embeddings, data.labels, with_head=args.head, tune_top_k=args.top_k,
-                 objective=args.objective, intents=data.intents if args.head else None,
-                 min_default_recall=args.min_default_recall, per_route=not args.shared_threshold)
     from router.classifier import RouteClassifier
 
-    after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
+    config = _load(args.config)
+    options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
+                   min_default_recall=args.min_default_recall, per_route=not args.shared_threshold)
+    if _is_conversations(args.data):
+        from tuning.conversations import fit_conversations, with_gate
 
-    raw = yaml.safe_load(args.config.read_text())
+        config = with_gate(config, config.conversation.gate)  # a gate is fitted for the track policy
+        dialogues = _dialogues(config, args.data)
+        encoder, classifier = _offline(config)
+        vectors = _vectors(encoder, sorted({t for d in dialogues for t in d.turns}))
+        before = _conversation_report(config, classifier, dialogues, vectors)
+        result = fit_conversations(config, encoder.encode, dialogues, vectors, **options)
+        after = _conversation_report(result.config, RouteClassifier(result.config, encoder.encode, head=result.head),
+                                     dialogues, vectors)
+    else:
+        data = _labelled(config, args.data)
+        encoder, classifier = _offline(config)
+        embeddings = encoder.encode(data.texts)
+        before = _report(classifier, embeddings, data, config)
+        result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
+                     **options)
+        after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
+
+    text = args.config.read_text()
+    raw = yaml.safe_load(text)
     for route, fitted in zip(raw["routes"], result.config.routes):
         route["threshold"] = fitted.threshold
     head_path = None
@@ -217,13 +274,22 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result.head.save(head_file)
         head_path = head_file.name
     raw["classifier"] = classifier_section(result.config.classifier, head_path)
-    args.out.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    if "conversation" in before:
+        conversation = result.config.conversation
+        raw["conversation"] = {"policy": conversation.policy, "max_turns": conversation.max_turns, "gate": conversation.gate}
+    # The source's leading comments (a data set's credit and license, say) stay with what is made from it.
+    header = "".join(line + "\n" for line in itertools.takewhile(lambda l: l.startswith("#"), text.splitlines()))
+    args.out.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
 
     for note in result.notes:
         print(note)
     print(f"{'on ' + str(args.data):<40}{'before':>10}{'after':>10}")
-    for key in ("accuracy", "in_scope_accuracy", "default_recall"):
-        print(f"{key:<40}{before[key] if before[key] is not None else '-':>10}{after[key] if after[key] is not None else '-':>10}")
+    rows = [(key, before[key], after[key]) for key in ("accuracy", "in_scope_accuracy", "default_recall")]
+    if "conversation" in before:
+        rows += [(key, before["conversation"][key], after["conversation"][key])
+                 for key in ("all_turns", "short_followups", "topic_changes")]
+    for key, old, new in rows:
+        print(f"{key:<40}{old if old is not None else '-':>10}{new if new is not None else '-':>10}")
     print(f"wrote {args.out}" + (f" and {args.out.with_suffix('.head.npz')}" if head_path else ""))
     return 0
 
@@ -303,13 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("text", nargs="+")
     classify.set_defaults(func=cmd_classify)
 
-    ev = sub.add_parser("eval", help="routing quality on labelled JSONL ({text, label} per line)")
+    ev = sub.add_parser("eval", help="routing quality on labelled JSONL: {text, label} per line, or "
+                        "conversations {messages, labels} scored per user turn")
     ev.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ev.add_argument("--data", type=Path, required=True)
     ev.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     ev.set_defaults(func=cmd_eval)
 
-    ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL")
+    ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL; "
+                        "on conversations also the conversation gate")
     ft.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ft.add_argument("--data", type=Path, required=True)
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")

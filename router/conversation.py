@@ -27,7 +27,7 @@ def _decisive(classifier: RouteClassifier, scores: np.ndarray, gate: float | Non
     """Each turn's own choice, and whether it is decisive.
 
     Decisive: a route won with at least `gate` (and its threshold), or the default route's own
-    examples won with at least `gate`. Without a gate, winning is enough; a turn that falls to the
+    examples scored above every route and at least `gate`. Without a gate, winning is enough; a turn that falls to the
     default route only because no route cleared its threshold is never decisive.
     """
     choice = classifier.choose(scores)
@@ -35,15 +35,13 @@ def _decisive(classifier: RouteClassifier, scores: np.ndarray, gate: float | Non
     n_routes = len(classifier.routes)
     won = np.where(choice >= 0, scores[rows, np.maximum(choice, 0)], -np.inf)
     if classifier.has_default_class:
-        won = np.where(choice < 0, _default_win(scores, n_routes, classifier), won)
+        won = np.where(choice < 0, _default_win(scores, n_routes), won)
     decisive = np.isfinite(won) & (won >= (gate if gate is not None else -np.inf))
     return choice, decisive
 
 
-def _default_win(scores: np.ndarray, n_routes: int, classifier: RouteClassifier) -> np.ndarray:
-    """The default class's score where it beat every route that cleared its threshold; -inf where
-    the default route came only from nothing clearing."""
-    cleared = np.where(scores[:, :n_routes] >= classifier.thresholds, scores[:, :n_routes], -np.inf).max(axis=1)
+def _default_win(scores: np.ndarray, n_routes: int) -> np.ndarray:
+    """The default class's score where it beat every route, cleared or not; -inf elsewhere (the
+    default route came only from nothing clearing)."""
     default = scores[:, -1]
-    return np.where(default > cleared, default, -np.inf)
-
+    return np.where(default > scores[:, :n_routes].max(axis=1), default, -np.inf)

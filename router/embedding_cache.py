@@ -19,6 +19,12 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+async def _frozen(compute: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+    vector = np.array(await compute(), dtype=np.float32)  # a copy: a batch row would pin its whole batch
+    vector.setflags(write=False)  # shared by every request with this text
+    return vector
+
+
 class _Flight:
     """One embedding being computed, and how many requests wait for it."""
 
@@ -50,7 +56,7 @@ class EmbeddingCache:
         flight = self._flights.get(key)
         if flight is None:
             metrics.EMBEDDING_CACHE.labels("miss").inc()
-            flight = self._flights[key] = _Flight(asyncio.ensure_future(compute()))
+            flight = self._flights[key] = _Flight(asyncio.ensure_future(_frozen(compute)))
             flight.task.add_done_callback(lambda task: self._landed(key, task))
         else:
             metrics.EMBEDDING_CACHE.labels("shared").inc()
@@ -69,9 +75,7 @@ class EmbeddingCache:
         self._flights.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             return
-        vector = np.array(task.result(), dtype=np.float32)  # a copy: a batch row would pin its whole batch
-        vector.setflags(write=False)  # shared by every request with this text
-        self._data[key] = vector
+        self._data[key] = task.result()
         while len(self._data) > self.size:
             self._data.popitem(last=False)
         metrics.EMBEDDING_CACHE_ENTRIES.set(len(self._data))

@@ -138,3 +138,71 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
             parser.close()
 
     asyncio.run(main())
+
+
+# What is read from agent traffic: the user's own words, never tool calls, tool results or harness text.
+
+REMINDER = "<system-reminder>\nThe user opened utils.py. Todo list: empty.\n</system-reminder>"
+
+
+def turns(obj, path=CHAT, max_turns=8, **policy):
+    return parse_body(body(obj), path, RequestsConfig(**policy), max_turns).turns
+
+
+def test_openai_chat_agent_loop_reads_user_turns_only():
+    obj = {"model": "auto", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "developer", "content": "Always run the tests."},
+        {"role": "user", "content": "fix the failing date parser test"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"dates.py\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "def parse(s): ..."},
+        {"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                     {"type": "text", "text": "now also handle time zones"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "tool", "tool_call_id": "c2", "content": "All 12 tests passed."},
+    ]}
+    assert turns(obj) == ("fix the failing date parser test", "now also handle time zones")
+    assert turns(obj, max_turns=1) == ("now also handle time zones",)
+
+
+def test_anthropic_tool_results_and_reminders_are_not_the_users_turn():
+    obj = {"model": "auto", "system": [{"type": "text", "text": "You are Claude Code."}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": "book a table for two"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {"q": "tables"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3 restaurants found"}]},
+        {"role": "user", "content": "<system-reminder>only a reminder</system-reminder>"},
+    ]}
+    # The last two user messages carry no words of the user's: the conversation's last turn stands.
+    assert turns(obj, "/v1/messages") == ("book a table for two",)
+
+
+def test_responses_items_read_user_messages_only():
+    obj = {"model": "auto", "instructions": "be brief", "input": [
+        {"role": "developer", "content": "harness rules"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "find flights to Oslo"}]},
+        {"type": "function_call", "call_id": "f1", "name": "search", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "f1", "output": "no flights"},
+        {"type": "message", "role": "user", "content": "<environment_details>cwd: /src</environment_details>try Bergen"},
+    ]}
+    assert turns(obj, "/v1/responses") == ("find flights to Oslo", "try Bergen")
+    system = parse_body(body(obj), "/v1/responses", RequestsConfig(include_system=True)).prompt
+    assert system == "be brief\nharness rules\ntry Bergen"
+
+
+def test_harness_tags_are_configurable_and_only_whole_blocks_go():
+    text = "keep <note>this</note> and <system-reminder>x</system-reminder>that <system-reminderish>too"
+    obj = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+    assert turns(obj) == ("keep <note>this</note> and that <system-reminderish>too",)
+    assert turns(obj, harness_tags=("note",)) == ("keep  and <system-reminder>x</system-reminder>that <system-reminderish>too",)
+    assert turns(obj, harness_tags=()) == (text,)
+    unclosed = {"model": "auto", "messages": [{"role": "user", "content": "<system-reminder>" * 20000 + "hi"}]}
+    assert turns(unclosed)[0].endswith("hi")  # an unclosed block is left as it is, in linear time
+
+
+def test_track_reads_the_last_max_turns_each_capped():
+    obj = {"model": "auto", "messages": [{"role": "user", "content": f"turn {i} " + "x" * 50} for i in range(12)]}
+    got = turns(obj, max_turns=8, prompt_max_tokens=8)
+    assert len(got) == 8 and all(len(t) == 32 for t in got)
+    assert turns(obj, max_turns=8)[0].startswith("turn 4")

@@ -73,6 +73,7 @@ def format_report(report: dict, default: str) -> str:
         f"accuracy: {report['accuracy']:.4f}",
         f"in-scope accuracy: {report['in_scope_accuracy']}",
         f"default-route ({default}) recall: {report['default_recall']}",
+        *_conversation_lines(report.get("conversation")),
         "",
         f"{'route':<24}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}",
     ]
@@ -84,3 +85,13 @@ def format_report(report: dict, default: str) -> str:
     for name in names:
         lines.append(f"{name:<24}" + "".join(f"{report['confusion'][name][q]:>9}" for q in names))
     return "\n".join(lines)
+
+
+def _conversation_lines(conversation: dict | None) -> list[str]:
+    if conversation is None:
+        return []
+    return [
+        f"per user turn ({conversation['turns']}): all turns {conversation['all_turns']}, "
+        f"short follow-ups {conversation['short_followups']} ({conversation['short_followups_count']}), "
+        f"topic changes {conversation['topic_changes']} ({conversation['topic_changes_count']})",
+    ]

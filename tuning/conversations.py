@@ -1,0 +1,199 @@
+"""Routing quality turn by turn on labelled conversations, and the conversation gate fitted on them.
+
+Data: JSONL lines {"messages": [{"role": "user"|"assistant"|..., "content": ...}, ...], "labels": [one
+route per user message, in order]} (the format of ../shared/data/sgd). User turn t is routed as a
+gateway sees it: with the user turns before it, under the config's `conversation` policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from router.classifier import RouteClassifier
+from router.config import RouterConfig
+from router.conversation import deciding_turn
+from tuning.fit import FitResult, fit
+
+SHORT_WORDS = 6  # a user turn of at most this many words counts as a short follow-up
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    turns: list[str]  # the user's turns, oldest first
+    labels: list[str]  # the route of each
+
+
+def is_conversation_data(path: str | Path) -> bool:
+    """Whether the file's first record is a conversation (else {text, label} lines)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(row, dict) and "messages" in row
+    return False
+
+
+def load_dialogues(path: str | Path, allowed: Sequence[str]) -> list[Dialogue]:
+    allowed_set = set(allowed)
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                turns = [_text(m["content"]) for m in row["messages"] if m["role"] == "user"]
+                labels = row["labels"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n}: expected {{\"messages\": [{{\"role\", \"content\"}}, ...], "
+                                 f"\"labels\": [...]}} with text content") from None
+            if len(labels) != len(turns) or not all(turns):
+                raise ValueError(f"{path}:{n}: {len(labels)} labels for {len(turns)} user messages (each needs text)")
+            bad = next((label for label in labels if label not in allowed_set), None)
+            if bad is not None:
+                raise ValueError(f"{path}:{n}: label {bad!r} is not a route or the default route ({sorted(allowed_set)})")
+            out.append(Dialogue(turns, list(labels)))
+    if not out:
+        raise ValueError(f"{path}: no conversations")
+    return out
+
+
+def _text(content) -> str:
+    if isinstance(content, list):  # content parts: their text, as the router reads them
+        content = "\n".join(p["text"] for p in content if p.get("type") in ("text", "input_text"))
+    if not isinstance(content, str):
+        raise TypeError("content")
+    return content.strip()
+
+
+@dataclass(frozen=True)
+class TurnTable:
+    """Every user turn of a set of dialogues, flattened, with what the metrics split on."""
+
+    labels: list[str]
+    short: np.ndarray  # bool: a follow-up of at most SHORT_WORDS words
+    switch: np.ndarray  # bool: its label differs from the previous user turn's
+    dialogue_of: np.ndarray  # index of its dialogue
+    position: np.ndarray  # its index within the dialogue
+
+    @classmethod
+    def of(cls, dialogues: Sequence[Dialogue]) -> "TurnTable":
+        labels, short, switch, dialogue_of, position = [], [], [], [], []
+        for d, dialogue in enumerate(dialogues):
+            for t, (text, label) in enumerate(zip(dialogue.turns, dialogue.labels)):
+                labels.append(label)
+                short.append(len(text.split()) <= SHORT_WORDS)
+                switch.append(t > 0 and label != dialogue.labels[t - 1])
+                dialogue_of.append(d)
+                position.append(t)
+        return cls(labels, np.asarray(short), np.asarray(switch), np.asarray(dialogue_of), np.asarray(position))
+
+
+def routed_texts(config: RouterConfig, dialogues: Sequence[Dialogue]) -> list[str]:
+    """The distinct texts the policy embeds: each turn (track), or each turn joined with the ones
+    before it (last_turns with prompt_turns > 1)."""
+    n = _joined_turns(config)
+    if n == 1:
+        return sorted({t for d in dialogues for t in d.turns})
+    return sorted({"\n".join(d.turns[max(0, t - n + 1) : t + 1]) for d in dialogues for t in range(len(d.turns))})
+
+
+def _joined_turns(config: RouterConfig) -> int:
+    return config.requests.prompt_turns if config.conversation.policy == "last_turns" else 1
+
+
+def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
+            vectors: dict[str, np.ndarray], gate: float | None | str = "config") -> list[str]:
+    """The route of every user turn (flattened as TurnTable), as the router decides it."""
+    gate = config.conversation.gate if gate == "config" else gate
+    names = [r.name for r in config.routes]
+    default = config.default_route.name
+    n = _joined_turns(config)
+    window = config.conversation.max_turns if config.conversation.policy == "track" else 1
+    out = []
+    for d in dialogues:
+        texts = d.turns if n == 1 else ["\n".join(d.turns[max(0, t - n + 1) : t + 1]) for t in range(len(d.turns))]
+        scores = classifier.scores(np.stack([vectors[t] for t in texts]))
+        for t in range(len(texts)):
+            _, choice = deciding_turn(classifier, scores[max(0, t - window + 1) : t + 1], gate)
+            out.append(names[choice] if choice >= 0 else default)
+    return out
+
+
+def conversation_metrics(table: TurnTable, predicted: Sequence[str]) -> dict:
+    hit = np.asarray(predicted) == np.asarray(table.labels)
+
+    def share(mask: np.ndarray) -> float | None:
+        return round(float(hit[mask].mean()), 4) if mask.any() else None
+
+    return {
+        "turns": len(hit),
+        "all_turns": share(np.ones_like(hit)),
+        "short_followups": share(table.short & (table.position > 0)),
+        "topic_changes": share(table.switch),
+        "short_followups_count": int((table.short & (table.position > 0)).sum()),
+        "topic_changes_count": int(table.switch.sum()),
+    }
+
+
+def gate_objective(metrics: dict) -> float:
+    """What fitting the gate maximises: all turns and topic changes weigh alike, since a gate that
+    only keeps routes wins on all turns (changes are ~10% of them) while missing every change."""
+    return 0.5 * metrics["all_turns"] + 0.5 * (metrics["topic_changes"] if metrics["topic_changes"] is not None else metrics["all_turns"])
+
+
+def tune_gate(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
+              vectors: dict[str, np.ndarray]) -> tuple[float | None, dict]:
+    """The gate (None: winning is decisive) that maximises `gate_objective` on `dialogues`, and its metrics."""
+    table = TurnTable.of(dialogues)
+    scores = classifier.scores(np.stack([vectors[t] for d in dialogues for t in d.turns]))
+    candidates: list[float | None] = [None] + [round(float(q), 4) for q in np.unique(
+        np.quantile(scores.max(axis=1), np.linspace(0.0, 0.99, 100)))]
+    best = None
+    for gate in candidates:
+        m = conversation_metrics(table, predict(config, classifier, dialogues, vectors, gate))
+        if best is None or gate_objective(m) > gate_objective(best[1]):
+            best = (gate, m)
+    return best
+
+
+def split_dialogues(dialogues: Sequence[Dialogue], holdout: float, seed: int) -> tuple[list[Dialogue], list[Dialogue]]:
+    order = np.random.default_rng(seed).permutation(len(dialogues))
+    cut = max(1, int(round(len(dialogues) * holdout)))
+    return [dialogues[i] for i in sorted(order[cut:])], [dialogues[i] for i in sorted(order[:cut])]
+
+
+def with_gate(config: RouterConfig, gate: float | None) -> RouterConfig:
+    return dataclasses.replace(config, conversation=dataclasses.replace(config.conversation, policy="track", gate=gate))
+
+
+def turn_examples(dialogues: Sequence[Dialogue], vectors: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Every user turn as a labelled example (a turn such as "Yes." recurs under many labels: so a
+    head learns that it names no route)."""
+    texts = [t for d in dialogues for t in d.turns]
+    return np.stack([vectors[t] for t in texts]), [label for d in dialogues for label in d.labels]
+
+
+def fit_conversations(config: RouterConfig, encode, dialogues: Sequence[Dialogue], vectors: dict[str, np.ndarray],
+                      holdout: float = 0.2, seed: int = 0, **fit_args) -> FitResult:
+    """`tuning.fit.fit` on every user turn, and the gate chosen on held-out dialogues: fitted on the
+    rest first, so the gate is judged on conversations the head has not seen."""
+    train, tune = split_dialogues(dialogues, holdout, seed)
+    first = fit(config, encode, *turn_examples(train, vectors), seed=seed, **fit_args)
+    gate, held_out = tune_gate(first.config, RouteClassifier(first.config, encode, head=first.head), tune, vectors)
+    result = fit(config, encode, *turn_examples(dialogues, vectors), seed=seed, **fit_args)
+    result.config = with_gate(result.config, gate)
+    result.notes.append(
+        f"conversation gate {gate} chosen on {len(tune)} held-out dialogues ({held_out['turns']} turns): all turns "
+        f"{held_out['all_turns']}, short follow-ups {held_out['short_followups']}, topic changes {held_out['topic_changes']}"
+    )
+    return result
