@@ -180,7 +180,9 @@ class RouterServer:
         # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
         # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
         classifier = await on_own_thread(RouteClassifier, config, encode)
-        engine = RoutingEngine(config, self.embedder, classifier)
+        # One cache across reloads: an embedding depends on the encoder (restart only), not on routes.
+        current = self.ext_proc.routing
+        engine = RoutingEngine(config, self.embedder, classifier, current[0].cache if current else None)
         return engine, await FilterChain.for_engine(engine)
 
     def _activate(self, config: RouterConfig, engine: RoutingEngine, chain: FilterChain) -> None:

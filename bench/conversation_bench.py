@@ -3,6 +3,7 @@ carries the conversation so far, as chat clients send it), for quality through E
 cost of the track policy against routing on the last turn alone.
 
     make sgd && python -m bench.conversation_bench [--config build/sgd.fitted.yaml] [--seconds 15] [--trials 3]
+        [--conditions alone neighbour quota] [--without-cache]
 
 1. Quality: every dev dialogue through a real Envoy and router on `--config`; per user turn, the
    route in x-semantic-route against the label (all turns, short follow-ups, topic changes).
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,7 @@ import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from bench.contention_bench import cpu_quota, neighbour
 from bench.ext_proc_bench import HEADERS
 from bench.overload_bench import scrape
 from bench.report import emit, latency_stats
@@ -98,24 +102,31 @@ async def through_envoy(config_path: Path, dialogues: list[dict], concurrency: i
 
 
 class Router:
-    """A router process on `config` with one conversation policy, spoken to over ext_proc directly."""
+    """A router process on `config` with one conversation policy (and cache size), spoken to over
+    ext_proc directly."""
 
-    def __init__(self, workdir: Path, config: dict, policy: str):
-        self.policy = policy
+    def __init__(self, workdir: Path, config: dict, policy: str, cache_size: int | None = None,
+                 cgroup: Path | None = None):
+        self.name = policy if cache_size is None else f"{policy}_cache{cache_size}"
         config = {**config, "conversation": {**config.get("conversation", {}), "policy": policy}}
         config["server"] = {**config.get("server", {}), "deadline_ms": 30000}  # latency, not fallbacks
-        path = workdir / f"{policy}.yaml"
+        if cache_size is not None:
+            config["cache_size"] = cache_size
+        path = workdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(config))
         self.port, self.metrics_port = free_port(), free_port()
+        def join_cgroup() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--config", str(path), "--grpc-port", str(self.port),
              "--metrics-port", str(self.metrics_port), "--log-level", "warning"],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=join_cgroup if cgroup is not None else None)
         for line in self.proc.stdout:
             if line.startswith("router ready"):
                 break
         else:
-            raise RuntimeError(f"router ({policy}) did not start")
+            raise RuntimeError(f"router ({self.name}) did not start")
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.ExternalProcessorStub(self.channel)
 
@@ -140,13 +151,22 @@ def chunks(dialogues: list[dict], size: int):
         yield dialogues[i : i + size]
 
 
-async def cost(config_path: Path, train: list[dict], args) -> list[dict]:
+async def cost(config_path: Path, train: list[dict], args, condition: str) -> list[dict]:
+    """Trials under `condition`: alone, beside a CPU-bound neighbour on one core, or in a 1-CPU quota."""
+    with cpu_quota(1.0) if condition == "quota" else contextlib.nullcontext() as group:
+        with neighbour() if condition == "neighbour" else contextlib.nullcontext():
+            return await _cost(config_path, train, args, condition, group)
+
+
+async def _cost(config_path: Path, train: list[dict], args, condition: str, group: Path | None) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-conversation-"))
     config = yaml.safe_load(config_path.read_text())
     for key in ("head_path",):  # the copy lives elsewhere: keep its head where it was
         if config.get("classifier", {}).get(key):
             config["classifier"][key] = str((config_path.parent / config["classifier"][key]).resolve())
-    routers = [Router(workdir, config, "last_turns"), Router(workdir, config, "track")]
+    routers = [Router(workdir, config, "last_turns", cgroup=group), Router(workdir, config, "track", cgroup=group)]
+    if args.without_cache:  # what the cache saves: every earlier turn embedded again on every request
+        routers.append(Router(workdir, config, "track", cache_size=0, cgroup=group))
     fresh = chunks(train, args.chunk)
     rows = []
     try:
@@ -166,7 +186,7 @@ async def cost(config_path: Path, train: list[dict], args) -> list[dict]:
                            and ('result="hit"' in k or 'result="shared"' in k))
                 lookups = sum(v for k, v in delta.items() if k.startswith("semantic_router_embedding_cache_total"))
                 embedded = delta.get("semantic_router_batch_size_sum", 0)
-                rows.append({"workload": "sgd_train", "scenario": f"{r.policy}_c{args.concurrency}", "trial": trial,
+                rows.append({"workload": condition, "scenario": f"{r.name}_c{args.concurrency}", "trial": trial,
                              "requests": done, "throughput_rps": round(done / wall, 1), **latency_stats(latencies),
                              "embedded_per_request": round(embedded / done, 3) if done else None,
                              "cache_hit_share": round(hits / lookups, 3) if lookups else None})
@@ -185,13 +205,16 @@ def summarize(quality_row: dict | None, rows: list[dict], args) -> dict:
             and quality_row["topic_changes"] >= 0.90,
             "detail": f"all {quality_row['all_turns']} (>= 0.90), short follow-ups {quality_row['short_followups']} "
                       f"(>= 0.85), topic changes {quality_row['topic_changes']} (>= 0.90)"}
-    if rows:
-        by = {p: [r["throughput_rps"] for r in rows if r["scenario"].startswith(p)] for p in ("track", "last_turns")}
+    for condition in args.conditions:
+        by = {p: [r["throughput_rps"] for r in rows if r["scenario"] == f"{p}_c{args.concurrency}"
+                  and r["workload"] == condition] for p in ("track", "last_turns")}
         # Trial by trial (interleaved, so they saw the same machine), then the median ratio.
         ratios = sorted(t / b for t, b in zip(by["track"], by["last_turns"]))
-        ratio = ratios[len(ratios) // 2]
-        checks["track_cost"] = {"ok": ratio >= 0.8, "detail": f"track / last_turns routed req/s = {ratio:.2f} "
-                                f"(trials: {', '.join(f'{x:.2f}' for x in ratios)}; target >= 0.8)"}
+        if ratios:
+            ratio = ratios[len(ratios) // 2]
+            checks[f"track_cost_{condition}"] = {
+                "ok": ratio >= 0.8, "detail": f"track / last_turns routed req/s = {ratio:.2f} "
+                f"(trials: {', '.join(f'{x:.2f}' for x in ratios)}; target >= 0.8)"}
     return {"bench": "conversation", "config": str(args.config), "concurrency": args.concurrency, "rows": out_rows,
             "checks": checks}
 
@@ -199,7 +222,11 @@ def summarize(quality_row: dict | None, rows: list[dict], args) -> dict:
 async def run(args) -> dict:
     dev, train = load(args.dev), load(args.train)
     quality_row = None if args.skip_quality else await through_envoy(args.config, dev, args.concurrency)
-    rows = [] if args.skip_cost else await cost(args.config, train, args)
+    rows = []
+    for i, condition in enumerate([] if args.skip_cost else args.conditions):
+        # Each condition on dialogues of its own: a router's cache must not know them already.
+        cut = i * len(train) // len(args.conditions)
+        rows += await cost(args.config, train[cut:] + train[:cut], args, condition)
     return summarize(quality_row, rows, args)
 
 
@@ -212,6 +239,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="per trial and policy")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--chunk", type=int, default=64, help="dialogues per replay round")
+    p.add_argument("--without-cache", action="store_true", help="also track with cache_size 0")
+    p.add_argument("--conditions", nargs="+", choices=("alone", "neighbour", "quota"), default=["alone"],
+                   help="neighbour: a CPU-bound process on one core; quota: the routers in a 1-CPU CFS quota")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-cost", action="store_true")
     p.add_argument("--out", help="also write the JSON here")

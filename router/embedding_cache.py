@@ -71,12 +71,19 @@ class EmbeddingCache:
         finally:
             flight.waiters -= 1
 
+    def resize(self, size: int) -> None:
+        self.size = size
+        self._trim()
+
     def _landed(self, key: bytes, task: asyncio.Future) -> None:
         self._flights.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             return
         self._data[key] = task.result()
-        while len(self._data) > self.size:
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._data) > max(self.size, 0):
             self._data.popitem(last=False)
         metrics.EMBEDDING_CACHE_ENTRIES.set(len(self._data))
 

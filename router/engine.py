@@ -43,11 +43,14 @@ def _fallback_reason(exc: Exception) -> str:
 
 
 class RoutingEngine:
-    def __init__(self, config: RouterConfig, batcher: Embedder, classifier: RouteClassifier):
+    def __init__(self, config: RouterConfig, batcher: Embedder, classifier: RouteClassifier,
+                 cache: EmbeddingCache | None = None):
+        """`cache`: one the engine a reload replaces used (embeddings do not depend on routes)."""
         self.config = config
         self.batcher = batcher
         self.classifier = classifier
-        self.cache = EmbeddingCache(config.cache_size)
+        self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
+        self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it (else the default route).
         self._route_of_model: dict[str, str] = {}
         for route in reversed(config.routes):

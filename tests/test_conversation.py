@@ -204,3 +204,16 @@ def test_last_turns_policy_routes_on_the_last_turn_alone():
             assert await route(h, convo("solve 3x + 5 = 20", "and why is that?")) == ("general", "default")
 
     run(main())
+
+
+def test_resizing_keeps_the_most_recent():
+    async def main():
+        cache, model = EmbeddingCache(4), Counting()
+        for text in ("a", "bb", "ccc", "dddd"):
+            await cache.get(text, model(text))
+        cache.resize(2)
+        assert len(cache) == 2
+        await cache.get("dddd", model("dddd"))
+        assert model.calls == ["a", "bb", "ccc", "dddd"]  # still held
+
+    run(main())
