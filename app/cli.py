@@ -167,8 +167,13 @@ def _offline(config: RouterConfig):
 def _labelled(config: RouterConfig, path: Path):
     from tuning.evaluation import load_labelled
 
+    return _read_data(load_labelled, path, config)
+
+
+def _read_data(loader, path: Path, config: RouterConfig):
+    """`loader(path, allowed labels)`; a file that cannot be used ends the command with its reason."""
     try:
-        return load_labelled(path, config.route_names)
+        return loader(path, config.route_names)
     except (OSError, ValueError) as exc:
         print(f"data error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -184,11 +189,7 @@ def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
 def _dialogues(config: RouterConfig, path: Path):
     from tuning.conversations import load_dialogues
 
-    try:
-        return load_dialogues(path, config.route_names)
-    except (OSError, ValueError) as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return _read_data(load_dialogues, path, config)
 
 
 def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -> dict:

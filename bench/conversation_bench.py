@@ -27,14 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 import yaml
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.contention_bench import cpu_quota, neighbour
-from bench.ext_proc_bench import HEADERS
+from bench.ext_proc_bench import ExtProcClient
 from bench.overload_bench import scrape
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, Stack, StackPorts, free_port
@@ -127,21 +124,13 @@ class Router:
                 break
         else:
             raise RuntimeError(f"router ({self.name}) did not start")
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = pb_grpc.ExternalProcessorStub(self.channel)
+        self.client = ExtProcClient(self.port)
 
     async def send(self, body: bytes) -> str:
-        call = self.stub.Process()
-        await call.write(HEADERS)
-        await call.read()
-        await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
-        resp = await call.read()
-        await call.done_writing()
-        return next(h.header.raw_value.decode() for h in resp.request_body.response.header_mutation.set_headers
-                    if h.header.key == "x-semantic-route")
+        return (await self.client.send(body))["x-semantic-route"]
 
     async def close(self) -> None:
-        await self.channel.close()
+        await self.client.channel.close()
         self.proc.terminate()
         self.proc.wait(30)
 

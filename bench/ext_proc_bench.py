@@ -50,16 +50,20 @@ class ExtProcClient:
         self.reasons: collections.Counter[str] = collections.Counter()
 
     async def route(self, prompt: str, model: str = "auto") -> None:
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}]}).encode()
+        await self.send(json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}]}).encode())
+
+    async def send(self, body: bytes) -> dict[str, str]:
+        """One request's headers and body through the stream; the headers the router set."""
         call = self.stub.Process()
         await call.write(HEADERS)
         await call.read()
         await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
         resp = await call.read()
         await call.done_writing()
-        for h in resp.request_body.response.header_mutation.set_headers:
-            if h.header.key == "x-semantic-route-reason":
-                self.reasons[h.header.raw_value.decode()] += 1
+        headers = {h.header.key: h.header.raw_value.decode() for h in resp.request_body.response.header_mutation.set_headers}
+        if "x-semantic-route-reason" in headers:
+            self.reasons[headers["x-semantic-route-reason"]] += 1
+        return headers
 
 
 def start_router(

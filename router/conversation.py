@@ -27,8 +27,8 @@ def _decisive(classifier: RouteClassifier, scores: np.ndarray, gate: float | Non
     """Each turn's own choice, and whether it is decisive.
 
     Decisive: a route won with at least `gate` (and its threshold), or the default route's own
-    examples scored above every route and at least `gate`. Without a gate, winning is enough; a turn that falls to the
-    default route only because no route cleared its threshold is never decisive.
+    examples scored above every route and at least `gate`. Without a gate, winning is enough; a
+    turn that falls to the default route only because no route cleared its threshold never is.
     """
     choice = classifier.choose(scores)
     rows = np.arange(len(choice))

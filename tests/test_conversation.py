@@ -14,7 +14,7 @@ from router.conversation import deciding_turn
 from router.embedding_cache import EmbeddingCache
 from tests.fakes import FakeBackend
 from tests.test_classifier import config, encode, unit
-from tests.test_service import Harness, body_msg, headers_msg, run, set_headers
+from tests.test_service import CONFIG, Harness, body_msg, headers_msg, run, set_headers
 
 MATH, CODE, VAGUE, OFF = unit(1, 0.1, 0), unit(0.1, 1, 0), unit(0.6, 0.6, 0.55), unit(0.2, 0.2, 1)
 
@@ -151,16 +151,6 @@ def test_one_waiter_leaving_keeps_the_computation_the_last_one_cancels_it():
 
 # Through the service, on a fake model.
 
-CONVERSATION_CONFIG = {
-    "routes": [
-        {"name": "math", "model": "math-model", "utterances": ["solve 3x + 5 = 20"]},
-        {"name": "code", "model": "code-model", "utterances": ["write a python function"]},
-    ],
-    "default_route": {"name": "general", "model": "general-model"},
-    "default_threshold": 0.9,
-}
-
-
 def convo(*turns: str) -> dict:
     messages = []
     for i, text in enumerate(turns):
@@ -180,7 +170,7 @@ def test_conversation_through_the_service_embeds_each_turn_once():
     backend = FakeBackend()
 
     async def main():
-        async with Harness(CONVERSATION_CONFIG, backend) as h:
+        async with Harness(CONFIG, backend) as h:
             assert await route(h, convo("solve 3x + 5 = 20")) == ("math", "matched")
             assert await route(h, convo("solve 3x + 5 = 20", "and why is that?")) == ("math", "context")
             assert await route(h, convo("solve 3x + 5 = 20", "and why is that?", "thanks!")) == ("math", "context")
@@ -197,7 +187,7 @@ def test_conversation_through_the_service_embeds_each_turn_once():
 
 
 def test_last_turns_policy_routes_on_the_last_turn_alone():
-    cfg = {**CONVERSATION_CONFIG, "conversation": {"policy": "last_turns"}}
+    cfg = {**CONFIG, "conversation": {"policy": "last_turns"}}
 
     async def main():
         async with Harness(cfg) as h:
