@@ -213,6 +213,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tuning.evaluation import format_report
 
     config = _load(args.config)
+    page = {}
     if _is_conversations(args.data):
         dialogues = _dialogues(config, args.data)
         encoder, classifier = _offline(config)
@@ -220,8 +221,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         data = _labelled(config, args.data)
         encoder, classifier = _offline(config)
-        report = _report(classifier, encoder.encode(data.texts), data, config)
+        embeddings = encoder.encode(data.texts)
+        report = _report(classifier, embeddings, data, config)
+        page = {"scores": classifier.scores(embeddings)[:, : len(config.routes)], "labels": data.labels,
+                "routes": [r.name for r in config.routes], "thresholds": classifier.thresholds}
     print(json.dumps(report) if args.json else format_report(report, config.default_route.name))
+    if args.html:
+        from tuning.report_html import render
+
+        args.html.write_text(render(report, f"{args.config.name} on {args.data.name}", **page), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -233,6 +242,30 @@ def _is_conversations(path: Path) -> bool:
     except OSError as exc:
         print(f"data error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterConfig:
+    """The config with its encoder fine-tuned on `data` (tuning/finetune.py), saved beside --out."""
+    import logging
+
+    from model.encoder import resolve_device, resolve_model
+    from tuning.finetune import FinetuneSettings, finetune
+
+    logging.getLogger("tuning.finetune").setLevel(logging.INFO)  # progress, every 50 steps
+    default = config.default_route.name
+    keep = [i for i, label in enumerate(data.labels) if label != default]
+    classes = data.intents or data.labels
+    out_dir = args.out.with_suffix(".model")
+    try:
+        info = finetune(resolve_model(config.encoder.model), resolve_device(config.encoder.device),
+                        [data.texts[i] for i in keep], [classes[i] for i in keep], out_dir,
+                        FinetuneSettings(epochs=args.finetune_epochs))
+    except ValueError as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"fine-tuned {config.encoder.model} on {len(keep)} in-scope examples of {info['classes']} classes: "
+          f"{info['steps']} steps of {info['batch']} pairs in {info['seconds']} s on {info['device']}; saved to {out_dir}")
+    return dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, model=str(out_dir.resolve())))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -248,6 +281,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if _is_conversations(args.data):
         from tuning.conversations import fit_conversations, with_gate
 
+        if args.finetune:
+            print("--finetune takes {text, label} data: a conversation's turns are no examples of their route",
+                  file=sys.stderr)
+            return 2
+
         config = with_gate(config, config.conversation.gate)  # a gate is fitted for the track policy
         dialogues = _dialogues(config, args.data)
         encoder, classifier = _offline(config)
@@ -261,6 +299,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         encoder, classifier = _offline(config)
         embeddings = encoder.encode(data.texts)
         before = _report(classifier, embeddings, data, config)
+        if args.finetune:
+            config = _finetune(config, data, args)
+            encoder, _ = _offline(config)
+            embeddings = encoder.encode(data.texts)
         result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
                      **options)
         after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
@@ -275,6 +317,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result.head.save(head_file)
         head_path = head_file.name
     raw["classifier"] = classifier_section(result.config.classifier, head_path)
+    if args.finetune:
+        raw.setdefault("encoder", {})["model"] = args.out.with_suffix(".model").name  # beside the config
     if "conversation" in before:
         conversation = result.config.conversation
         raw["conversation"] = {"policy": conversation.policy, "max_turns": conversation.max_turns, "gate": conversation.gate}
@@ -375,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ev.add_argument("--data", type=Path, required=True)
     ev.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    ev.add_argument("--html", type=Path, help="also write the report as a page: confusion heat map, score "
+                    "distributions per route")
     ev.set_defaults(func=cmd_eval)
 
     ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL; "
@@ -384,10 +430,16 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
     ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
     ft.add_argument("--top-k", action="store_true", help="also choose top_k (similarity method)")
-    ft.add_argument("--objective", choices=OBJECTIVES, default="accuracy",
-                    help="balanced: mean of in-scope accuracy and default-route recall")
+    ft.add_argument("--objective", choices=OBJECTIVES, default="shifted",
+                    help="shifted: accuracy as if a fifth of the traffic were the default route's (holds when "
+                    "out-of-scope traffic grows); accuracy: at the data's own mix; balanced: mean of in-scope "
+                    "accuracy and default-route recall")
     ft.add_argument("--min-default-recall", type=float, default=0.0,
                     help="keep default-route recall at least this on the tuning data")
+    ft.add_argument("--finetune", action="store_true",
+                    help="first fine-tune the encoder on the in-scope examples (their intents when every line has "
+                    "one); saved as OUT's name with .model, which the written config names")
+    ft.add_argument("--finetune-epochs", type=float, default=1.0)
     ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")
     ft.set_defaults(func=cmd_fit)
 

@@ -299,7 +299,8 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
 
 
 def load_config(path: str | Path) -> RouterConfig:
-    """Relative file references in the config (classifier.head_path) resolve against its folder."""
+    """Relative file references in the config (classifier.head_path, a model directory beside it in
+    encoder.model) resolve against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -310,6 +311,11 @@ def load_config(path: str | Path) -> RouterConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     config = parse_config(data, str(path))
+    model = config.encoder.model
+    if not model.startswith("bundled:") and not Path(model).is_absolute() and (path.parent / model).is_dir():
+        # A model directory written beside the config (fit --finetune) is found from anywhere.
+        local = str((path.parent / model).resolve())
+        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, model=local))
     head = config.classifier.head_path
     if head is not None and not Path(head).is_absolute():
         resolved = str((path.parent / head).resolve())

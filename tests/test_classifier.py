@@ -123,7 +123,43 @@ def test_tuned_thresholds_never_lower_accuracy():
     truth = np.asarray([{"math": 0, "code": 1}.get(label, -1) for label in labels])
     scores = clf.scores(x)
     before = np.mean(clf.choose(scores) == truth)
-    th = tune_thresholds(clf, scores, truth)
+    th = tune_thresholds(clf, scores, truth, objective="accuracy")
     assert np.mean(clf.choose(scores, th) == truth) >= before
     result = fit(cfg, encode, x, labels)
     assert [r.threshold for r in result.config.routes] == [round(float(t), 4) for t in result.thresholds]
+
+
+def test_the_shifted_objective_keeps_rejecting_when_default_traffic_is_rare_in_the_data():
+    """Tuned on data with 3% default-route examples (CLINC150's val), plain accuracy barely cares
+    about them; `shifted` (the default) weighs them as a fifth of the traffic."""
+    rng = np.random.default_rng(1)
+    clf = RouteClassifier(config(default_threshold=0.0), encode)
+    centers = {"math": unit(1, 0, 0), "code": unit(0, 1, 0)}
+    labels, xs = [], []
+    for label, c in centers.items():
+        for _ in range(150):
+            v = c + rng.normal(0, 0.45, 3)
+            xs.append(v / np.linalg.norm(v))
+            labels.append(label)
+    for _ in range(9):  # out of scope: off both routes, scoring like their weaker examples
+        v = unit(1, 1, 2) + rng.normal(0, 0.2, 3)
+        xs.append(v / np.linalg.norm(v))
+        labels.append("general")
+    x = np.stack(xs).astype(np.float32)
+    truth = np.asarray([{"math": 0, "code": 1}.get(label, -1) for label in labels])
+    scores = clf.scores(x)
+
+    def recall_and_shifted(th):
+        hit = clf.choose(scores, th) == truth
+        return hit[truth < 0].mean(), 0.8 * hit[truth >= 0].mean() + 0.2 * hit[truth < 0].mean()
+
+    plain = recall_and_shifted(tune_thresholds(clf, scores, truth, objective="accuracy"))
+    shifted = recall_and_shifted(tune_thresholds(clf, scores, truth))
+    assert shifted[0] > plain[0]  # rejects more of the default route's traffic
+    assert shifted[1] > plain[1]  # and is the better router once that traffic is a fifth of all
+
+
+def test_evaluate_reports_accuracy_at_a_shifted_default_share():
+    r = evaluate(["math"] * 9 + ["general"], ["math"] * 9 + ["math"], ["math", "general"], "general")
+    assert r["accuracy"] == 0.9
+    assert r["shifted"] == {"default_share": 0.2, "accuracy": 0.8}

@@ -132,3 +132,27 @@ def test_conversation_data_errors_name_the_line(sgd, tmp_path):
     out = cli("eval", "--config", str(sgd / "sgd.yaml"), "--data", str(bad))
     assert out.returncode == 2
     assert "bad.jsonl:1: 0 labels for 1 user messages" in out.stderr
+
+
+def test_fit_finetune_writes_a_local_model_the_config_loads(data, tmp_path):
+    small = tmp_path / "train.jsonl"
+    _slice(CLINC / "train.jsonl", small, 12)
+    out_cfg = tmp_path / "tuned.yaml"
+    out = cli("fit", "--config", str(data / "clinc.yaml"), "--data", str(small), "--head", "--finetune",
+              "--finetune-epochs", "1", "--out", str(out_cfg))
+    assert out.returncode == 0, out.stderr
+    assert "fine-tuned bundled:all-MiniLM-L6-v2 on" in out.stdout
+    assert (tmp_path / "tuned.model" / "config_sentence_transformers.json").exists()
+    written = yaml.safe_load(out_cfg.read_text())
+    assert written["encoder"]["model"] == "tuned.model"  # beside the config: the pair moves together
+    # Loaded from another working directory: the model is found beside the config.
+    ev = subprocess.run([sys.executable, "-m", "app", "eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"),
+                         "--json", "--html", str(tmp_path / "report.html")],
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**__import__("os").environ,
+                                                                                          "PYTHONPATH": str(ROOT)})
+    assert ev.returncode == 0, ev.stderr
+    report = json.loads(ev.stdout)
+    assert report["accuracy"] > 0.5 and report["shifted"]["default_share"] == 0.2
+    page = (tmp_path / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 10  # one score histogram per route
+    assert "Confusion matrix" in page and "banking" in page

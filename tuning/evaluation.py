@@ -41,8 +41,14 @@ def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
     return LabelledData(texts, labels, [str(i) for i in intents] if have_intents else None)
 
 
-def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[str], default: str) -> dict:
-    """`names` lists every class in report order (routes, then the default route)."""
+SHIFTED_DEFAULT_SHARE = 0.2  # default-route traffic share the `shifted` figure assumes
+
+
+def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[str], default: str,
+             default_share: float = SHIFTED_DEFAULT_SHARE) -> dict:
+    """`names` lists every class in report order (routes, then the default route). `shifted`: the
+    accuracy the same router would have if `default_share` of the traffic belonged to the default
+    route (a labelled set rarely holds as much out-of-scope traffic as production sees after a shift)."""
     y = np.asarray(labels)
     p = np.asarray(predicted)
     per_route = {}
@@ -57,11 +63,17 @@ def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[st
                            "support": true_n}
     in_scope = y != default
     confusion = {t: {q: int(np.sum((y == t) & (p == q))) for q in names} for t in names}
+    shifted = None
+    if in_scope.any() and (~in_scope).any():
+        hit = y == p
+        shifted = {"default_share": default_share, "accuracy": round(
+            float((1 - default_share) * hit[in_scope].mean() + default_share * hit[~in_scope].mean()), 4)}
     return {
         "examples": len(y),
         "accuracy": round(float(np.mean(y == p)), 4),
         "in_scope_accuracy": round(float(np.mean(y[in_scope] == p[in_scope])), 4) if in_scope.any() else None,
         "default_recall": round(float(np.mean(p[~in_scope] == default)), 4) if (~in_scope).any() else None,
+        "shifted": shifted,
         "per_route": per_route,
         "confusion": confusion,
     }
@@ -73,6 +85,8 @@ def format_report(report: dict, default: str) -> str:
         f"accuracy: {report['accuracy']:.4f}",
         f"in-scope accuracy: {report['in_scope_accuracy']}",
         f"default-route ({default}) recall: {report['default_recall']}",
+        *([f"accuracy with {report['shifted']['default_share']:.0%} default-route traffic: "
+           f"{report['shifted']['accuracy']:.4f}"] if report.get("shifted") else []),
         *_conversation_lines(report.get("conversation")),
         "",
         f"{'route':<24}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}",

@@ -19,19 +19,31 @@ import yaml
 DEFAULT = "out_of_scope"
 
 
-def build(train: Path, per_route: int, seed: int) -> dict:
+def build(train: Path, per_route: int, seed: int, per_intent: int | None = None) -> dict:
+    """`per_intent`: that many utterances of each intent (few-shot) instead of `per_route` per domain."""
     by_label: dict[str, list[str]] = defaultdict(list)
+    by_intent: dict[tuple[str, str], list[str]] = defaultdict(list)
     for line in train.read_text().splitlines():
         row = json.loads(line)
         by_label[row["label"]].append(row["text"])
+        by_intent[(row["label"], row.get("intent", row["label"]))].append(row["text"])
     rng = random.Random(seed)
     routes = []
     for label in sorted(by_label):
         if label == DEFAULT:
             continue
-        texts = sorted(set(by_label[label]))
-        rng.shuffle(texts)
-        routes.append({"name": label, "model": f"{label.replace('_', '-')}-model", "utterances": texts[:per_route]})
+        if per_intent:
+            chosen = []
+            for (domain, _), texts in sorted(by_intent.items()):
+                if domain == label:
+                    texts = sorted(set(texts))
+                    rng.shuffle(texts)
+                    chosen += texts[:per_intent]
+        else:
+            chosen = sorted(set(by_label[label]))
+            rng.shuffle(chosen)
+            chosen = chosen[:per_route]
+        routes.append({"name": label, "model": f"{label.replace('_', '-')}-model", "utterances": chosen})
     return {
         "encoder": {"model": "bundled:all-MiniLM-L6-v2", "device": "auto"},
         "classifier": {"method": "similarity", "top_k": 1, "aggregation": "mean"},
@@ -46,11 +58,12 @@ def main() -> None:
     p.add_argument("--train", type=Path, default=Path("../shared/data/clinc150/train.jsonl"))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--per-route", type=int, default=150, help="utterances kept per domain")
+    p.add_argument("--per-intent", type=int, help="few-shot: this many utterances of each intent instead")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     header = "# Generated from CLINC150 (Larson et al., EMNLP 2019; CC BY 3.0) by examples/clinc150/build_config.py\n"
-    args.out.write_text(header + yaml.safe_dump(build(args.train, args.per_route, args.seed), sort_keys=False))
+    args.out.write_text(header + yaml.safe_dump(build(args.train, args.per_route, args.seed, args.per_intent), sort_keys=False))
     print(f"wrote {args.out}")
 
 
