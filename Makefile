@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 sgd clean
+.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,8 +83,16 @@ clinc150: $(STAMP)
 	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --out build/clinc150.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.yaml --data $(CLINC)/val.jsonl
 	$(VENV)/bin/semantic-router fit --config build/clinc150.yaml --data $(CLINC)/train.jsonl \
-		--head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
-	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl
+		--finetune --finetune-epochs $(or $(EPOCHS),2) --head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
+	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl \
+		--html build/clinc150.fitted.html
+
+# Few-shot: 10 utterances per intent, similarity, a plain fit tuned on val.
+clinc150-fewshot: $(STAMP)
+	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --per-intent 10 --out build/clinc150.few.yaml
+	$(VENV)/bin/semantic-router fit --config build/clinc150.few.yaml --data $(CLINC)/val.jsonl --out build/clinc150.few.fitted.yaml
+	$(VENV)/bin/semantic-router eval --config build/clinc150.few.fitted.yaml --data $(CLINC)/val.jsonl \
+		--html build/clinc150.few.fitted.html
 
 SGD := ../shared/data/sgd
 sgd: $(STAMP)

@@ -429,7 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--data", type=Path, required=True)
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
     ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
-    ft.add_argument("--top-k", action="store_true", help="also choose top_k (similarity method)")
+    ft.add_argument("--top-k", action=argparse.BooleanOptionalAction, default=True,
+                    help="similarity method: also choose top_k (on by default; with 10 examples per intent on "
+                    "CLINC150, top-5 mean against top-1 raised val accuracy at a 20%% default share 0.89 -> 0.92)")
     ft.add_argument("--objective", choices=OBJECTIVES, default="shifted",
                     help="shifted: accuracy as if a fifth of the traffic were the default route's (holds when "
                     "out-of-scope traffic grows); accuracy: at the data's own mix; balanced: mean of in-scope "

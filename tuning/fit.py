@@ -34,6 +34,25 @@ OBJECTIVES = ("shifted", "accuracy", "balanced")  # what tune_thresholds can max
 DEFAULT_SHARE = 0.2
 
 
+def objective_function(truth: np.ndarray, objective: str = "shifted", min_default_recall: float = 0.0):
+    """What tuning maximises (see tune_thresholds), as a function of the chosen route indices."""
+    in_scope = truth >= 0
+    has_both = in_scope.any() and (~in_scope).any()
+    weight = {"balanced": 0.5, "shifted": DEFAULT_SHARE}.get(objective) if has_both else None
+
+    def value(chosen: np.ndarray) -> float:
+        hit = chosen == truth
+        result = ((1 - weight) * float(hit[in_scope].mean()) + weight * float(hit[~in_scope].mean())
+                  if weight is not None else float(hit.mean()))
+        if has_both and min_default_recall > 0:
+            recall = float(hit[~in_scope].mean())
+            if recall < min_default_recall:
+                return recall - 1.0  # below every admissible value, but still climbing towards it
+        return result
+
+    return value
+
+
 def tune_thresholds(
     classifier: RouteClassifier,
     scores: np.ndarray,
@@ -52,19 +71,10 @@ def tune_thresholds(
     min_default_recall: among thresholds whose default-route recall reaches it, the most accurate
     (out-of-scope examples are usually too few for accuracy alone to care about them).
     """
-    in_scope = truth >= 0
-    has_both = in_scope.any() and (~in_scope).any()
-    weight = {"balanced": 0.5, "shifted": DEFAULT_SHARE}.get(objective) if has_both else None
+    value_of = objective_function(truth, objective, min_default_recall)
 
     def accuracy(th: np.ndarray) -> float:
-        hit = classifier.choose(scores, th) == truth
-        value = ((1 - weight) * float(hit[in_scope].mean()) + weight * float(hit[~in_scope].mean())
-                 if weight is not None else float(hit.mean()))
-        if has_both and min_default_recall > 0:
-            recall = float(hit[~in_scope].mean())
-            if recall < min_default_recall:
-                return recall - 1.0  # below every admissible value, but still climbing towards it
-        return value
+        return value_of(classifier.choose(scores, th))
 
     n_routes = len(classifier.routes)
     route_scores = scores[:, :n_routes]
@@ -108,7 +118,7 @@ def fit(
     embeddings: np.ndarray,
     labels: list[str],
     with_head: bool = False,
-    tune_top_k: bool = False,
+    tune_top_k: bool = True,
     holdout: float = 0.2,
     seed: int = 0,
     objective: str = "shifted",
@@ -138,8 +148,8 @@ def fit(
                 s = clf.scores(embeddings)
                 th = tune_thresholds(clf, s, truth, objective=objective, min_default_recall=min_default_recall,
                                      per_route=per_route)
-                acc = float(np.mean(clf.choose(s, th) == truth))
-                notes.append(f"top_k={k}: accuracy {acc:.4f} with tuned thresholds")
+                acc = objective_function(truth, objective, min_default_recall)(clf.choose(s, th))
+                notes.append(f"top_k={k}: {objective} {acc:.4f} with tuned thresholds")
                 if best is None or acc > best[0]:
                     best = (acc, cfg, clf)
             _, config, classifier = best
