@@ -163,15 +163,18 @@ class RouterServer:
         if self.ext_proc.routing is not None and not self._stopping:
             self._spawn(self._set_health(self._serving_status()))
 
-    async def _build_routing(self, config: RouterConfig) -> tuple[RoutingEngine, FilterChain]:
-        """The engine for `config` and its filter chain, set up and ready to serve together.
-        Utterances are embedded through the batcher: only its model thread touches the model."""
+    async def _build_routing(self, config: RouterConfig, embedder: Embedder | None = None
+                             ) -> tuple[RoutingEngine, FilterChain]:
+        """The engine for `config` and its filter chain, set up and ready to serve together, on
+        `embedder` (default: the running one). Utterances are embedded through the batcher: only
+        its model thread touches the model."""
+        embedder = embedder or self.embedder
         texts = sorted({u for r in config.routes for u in r.utterances} | set(config.default_route.utterances))
         deadline = time.monotonic() + 300.0
         vectors: list[np.ndarray] = []
         step = max(1, config.batching.max_queue_requests // 2)
         for i in range(0, len(texts), step):
-            vectors += await asyncio.gather(*(self.embedder.embed(t, deadline) for t in texts[i : i + step]))
+            vectors += await asyncio.gather(*(embedder.embed(t, deadline) for t in texts[i : i + step]))
         lookup = dict(zip(texts, vectors))
 
         def encode(batch: Sequence[str]) -> np.ndarray:
@@ -180,9 +183,10 @@ class RouterServer:
         # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
         # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
         classifier = await on_own_thread(RouteClassifier, config, encode)
-        # One cache across reloads: an embedding depends on the encoder (restart only), not on routes.
+        # One cache across reloads on the same encoder: an embedding does not depend on routes.
         current = self.ext_proc.routing
-        engine = RoutingEngine(config, self.embedder, classifier, current[0].cache if current else None)
+        same_encoder = current is not None and embedder is self.embedder
+        engine = RoutingEngine(config, embedder, classifier, current[0].cache if same_encoder else None)
         return engine, await FilterChain.for_engine(engine)
 
     def _activate(self, config: RouterConfig, engine: RoutingEngine, chain: FilterChain) -> None:
@@ -195,12 +199,20 @@ class RouterServer:
         async with self._reload_lock:
             try:
                 from_file = load_config(self.config_path)
-                frozen = [n for n in RESTART_ONLY if getattr(from_file, n) != getattr(self._file_config, n)]
+                swap = self._swaps_model(from_file)
+                frozen = [n for n in RESTART_ONLY if getattr(from_file, n) != getattr(self._file_config, n)
+                          and not (n == "encoder" and swap)]
                 if frozen:
                     log.warning("config sections changed that need a restart; keeping their running values",
                                 extra={"sections": frozen})
-                new = dataclasses.replace(from_file, **{n: getattr(self.config, n) for n in RESTART_ONLY})
-                self._activate(new, *await self._build_routing(new))
+                kept = {n: getattr(self.config, n) for n in RESTART_ONLY}
+                if swap:
+                    kept["encoder"] = from_file.encoder
+                new = dataclasses.replace(from_file, **kept)
+                if swap:
+                    await self._swap_model(new)
+                else:
+                    self._activate(new, *await self._build_routing(new))
                 self._file_config = from_file
             except Exception as exc:
                 metrics.CONFIG_RELOADS.labels("error").inc()
@@ -210,6 +222,28 @@ class RouterServer:
             metrics.CONFIG_RELOADS.labels("ok").inc()
             log.info("config reloaded", extra={"trigger": why, "routes": len(new.routes)})
             return True
+
+    def _swaps_model(self, from_file: RouterConfig) -> bool:
+        """Whether a reload brings a new encoder this process can load itself (a fine-tuned model,
+        say). Behind a model process (encoder.socket, a pool) that process owns the model: restart it."""
+        return (from_file.encoder != self._file_config.encoder and self.config.encoder.socket is None
+                and from_file.encoder.socket is None and self.pool_worker is None)
+
+    async def _swap_model(self, new: RouterConfig) -> None:
+        """Loads `new`'s encoder in a batcher of its own beside the running one (memory for two models
+        meanwhile), builds the routes on it, swaps engine and batcher in one step, then drains the
+        old batcher: requests already on the old engine finish on the old model."""
+        embedder = await start_batcher(new, self._backend_factory)
+        try:
+            routing = await self._build_routing(new, embedder)
+        except BaseException:
+            await embedder.aclose(0)
+            raise
+        old = self.embedder
+        self.embedder, self.backend = embedder, embedder.backend
+        self._activate(new, *routing)
+        log.info("encoder swapped", extra={"model": new.encoder.model, "device": getattr(self.backend, "device", "n/a")})
+        self._spawn(old.aclose(new.server.shutdown_grace_s))
 
     async def _watch_config(self, interval: float) -> None:
         def signature():

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from batching import BatcherClosed
 from router.config import parse_config
 from app.server import PortInUse, RouterServer
 from tests.fakes import FakeBackend
@@ -178,6 +180,44 @@ def test_sighup_reload_task_is_held_until_done(tmp_path):
             gc.collect()
             assert await task is True
             assert task not in server._tasks
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_reload_with_a_new_encoder_model_swaps_it_in_and_drains_the_old_one(tmp_path):
+    """fit --finetune writes a new model directory; pointing the config at it takes no restart."""
+    import yaml
+
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "encoder": {"model": "old-model"}}))
+    loaded: list[str] = []
+
+    def factory(cfg):
+        loaded.append(cfg.encoder.model)
+        return FakeBackend()
+
+    async def main():
+        server = RouterServer(config(), path, backend_factory=factory)
+        await server.start()
+        try:
+            old = server.embedder
+            path.write_text(yaml.safe_dump({**CONFIG, "encoder": {"model": "new-model"}}))
+            assert await server.reload("test") is True
+            assert loaded[-1] == "new-model" and server.embedder is not old
+            assert server.engine.batcher is server.embedder and server.engine.cache is not None
+            assert server.config.encoder.model == "new-model"
+            # The new engine routes on the new batcher; the old one is drained and closed.
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+                call = pb_grpc.ExternalProcessorStub(ch).Process()
+                await call.write(headers_msg())
+                await call.read()
+                await call.write(body_msg(chat("solve 3x + 5 = 20")))
+                assert set_headers(await call.read())["x-semantic-route"] == "math"
+                await call.done_writing()
+            with pytest.raises(BatcherClosed):
+                await old.embed("too late for the old model", time.monotonic() + 1)
         finally:
             await server.stop()
 
