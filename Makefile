@@ -83,7 +83,7 @@ clinc150: $(STAMP)
 	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --out build/clinc150.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.yaml --data $(CLINC)/val.jsonl
 	$(VENV)/bin/semantic-router fit --config build/clinc150.yaml --data $(CLINC)/train.jsonl \
-		--finetune --finetune-epochs $(or $(EPOCHS),2) --head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
+		--finetune --finetune-epochs $(or $(EPOCHS),4) --head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl \
 		--html build/clinc150.fitted.html
 
