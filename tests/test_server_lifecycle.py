@@ -38,6 +38,18 @@ async def serving():
         await server.stop()
 
 
+async def route(server: RouterServer, prompt: str) -> str:
+    """One request through the server's ext_proc port: the route it got."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        call = pb_grpc.ExternalProcessorStub(ch).Process()
+        await call.write(headers_msg())
+        await call.read()
+        await call.write(body_msg(chat(prompt)))
+        headers = set_headers(await call.read())
+        await call.done_writing()
+    return headers["x-semantic-route"]
+
+
 async def health(port: int) -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
@@ -144,13 +156,7 @@ def test_serves_ext_proc_without_any_installed_entry_points(monkeypatch):
     async def main():
         async with serving() as server:
             assert await health(server.grpc_port) == SERVING
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
-                call = pb_grpc.ExternalProcessorStub(ch).Process()
-                await call.write(headers_msg())
-                await call.read()
-                await call.write(body_msg(chat("solve 3x + 5 = 20")))
-                assert set_headers(await call.read())["x-semantic-route"] == "math"
-                await call.done_writing()
+            assert await route(server, "solve 3x + 5 = 20") == "math"
 
     asyncio.run(main())
 
@@ -209,13 +215,7 @@ def test_reload_with_a_new_encoder_model_swaps_it_in_and_drains_the_old_one(tmp_
             assert server.engine.batcher is server.embedder and server.engine.cache is not None
             assert server.config.encoder.model == "new-model"
             # The new engine routes on the new batcher; the old one is drained and closed.
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
-                call = pb_grpc.ExternalProcessorStub(ch).Process()
-                await call.write(headers_msg())
-                await call.read()
-                await call.write(body_msg(chat("solve 3x + 5 = 20")))
-                assert set_headers(await call.read())["x-semantic-route"] == "math"
-                await call.done_writing()
+            assert await route(server, "solve 3x + 5 = 20") == "math"
             with pytest.raises(BatcherClosed):
                 await old.embed("too late for the old model", time.monotonic() + 1)
         finally:
