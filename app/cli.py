@@ -330,6 +330,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(note)
     print(f"{'on ' + str(args.data):<40}{'before':>10}{'after':>10}")
     rows = [(key, before[key], after[key]) for key in ("accuracy", "in_scope_accuracy", "default_recall")]
+    if before.get("shifted") and after.get("shifted"):
+        rows.append((f"accuracy_at_{before['shifted']['default_share']:.0%}_default", before["shifted"]["accuracy"],
+                     after["shifted"]["accuracy"]))
     if "conversation" in before:
         rows += [(key, before["conversation"][key], after["conversation"][key])
                  for key in ("all_turns", "short_followups", "topic_changes")]

@@ -280,7 +280,10 @@ def extract_turns(
         turns, system = _legacy_prompt(data.get("prompt")), None
     elif path.endswith("/responses"):
         items = data.get("input")
-        turns = [items] if isinstance(items, str) and items.strip() else _user_turns(items, strip)
+        if isinstance(items, str):
+            turns = [t for t in [_text_of(items, strip)] if t]
+        else:
+            turns = _user_turns(items, strip)
         system = _joined([_text_of(data.get("instructions")), _system_of(items)])
     else:
         messages = data.get("messages")

@@ -10,6 +10,7 @@ import numpy as np
 from router.classifier import RouteClassifier
 from router.config import ClassifierConfig, RouterConfig
 from router.head import LinearHead, train_head
+from tuning.evaluation import SHIFTED_DEFAULT_SHARE
 
 TOP_K_CANDIDATES = (1, 3, 5, 10)
 
@@ -29,9 +30,7 @@ def label_indices(config: RouterConfig, labels: list[str]) -> np.ndarray:
 
 
 OBJECTIVES = ("shifted", "accuracy", "balanced")  # what tune_thresholds can maximise (the CLI's choices)
-# The default-route share `shifted` assumes: labelled sets hold a few percent of out-of-scope examples,
-# production a fifth or more once a new kind of traffic arrives (CLINC150: val 3%, test 18%).
-DEFAULT_SHARE = 0.2
+DEFAULT_SHARE = SHIFTED_DEFAULT_SHARE  # the default-route share the `shifted` objective assumes
 
 
 def objective_function(truth: np.ndarray, objective: str = "shifted", min_default_recall: float = 0.0):
