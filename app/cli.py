@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import asyncio
 import dataclasses
@@ -172,9 +173,16 @@ def _labelled(config: RouterConfig, path: Path):
 
 def _read_data(loader, path: Path, config: RouterConfig):
     """`loader(path, allowed labels)`; a file that cannot be used ends the command with its reason."""
-    try:
+    with _data_errors(OSError, ValueError):
         return loader(path, config.route_names)
-    except (OSError, ValueError) as exc:
+
+
+@contextlib.contextmanager
+def _data_errors(*kinds: type[Exception]):
+    """Data that cannot be used (unreadable, malformed, too little of it) ends the command: exit 2, the reason."""
+    try:
+        yield
+    except kinds as exc:
         print(f"data error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -237,11 +245,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _is_conversations(path: Path) -> bool:
     from tuning.conversations import is_conversation_data
 
-    try:
+    with _data_errors(OSError):
         return is_conversation_data(path)
-    except OSError as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterConfig:
@@ -256,13 +261,10 @@ def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterCon
     keep = [i for i, label in enumerate(data.labels) if label != default]
     classes = data.intents or data.labels
     out_dir = args.out.with_suffix(".model")
-    try:
+    with _data_errors(ValueError):
         info = finetune(resolve_model(config.encoder.model), resolve_device(config.encoder.device),
                         [data.texts[i] for i in keep], [classes[i] for i in keep], out_dir,
                         FinetuneSettings(epochs=args.finetune_epochs))
-    except ValueError as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
     print(f"fine-tuned {config.encoder.model} on {len(keep)} in-scope examples of {info['classes']} classes: "
           f"{info['steps']} steps of {info['batch']} pairs in {info['seconds']} s on {info['device']}; saved to {out_dir}")
     return dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, model=str(out_dir.resolve())))

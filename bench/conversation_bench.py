@@ -20,9 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +28,7 @@ import httpx
 import yaml
 
 from bench.contention_bench import cpu_quota, neighbour
-from bench.ext_proc_bench import ExtProcClient
+from bench.ext_proc_bench import ExtProcClient, launch_router
 from bench.overload_bench import scrape
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, Stack, StackPorts, free_port
@@ -109,22 +106,9 @@ class Router:
         config["server"] = {**config.get("server", {}), "deadline_ms": 30000}  # latency, not fallbacks
         if cache_size is not None:
             config["cache_size"] = cache_size
-        path = workdir / f"{self.name}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.port, self.metrics_port = free_port(), free_port()
-        def join_cgroup() -> None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--config", str(path), "--grpc-port", str(self.port),
-             "--metrics-port", str(self.metrics_port), "--log-level", "warning"],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=join_cgroup if cgroup is not None else None)
-        for line in self.proc.stdout:
-            if line.startswith("router ready"):
-                break
-        else:
-            raise RuntimeError(f"router ({self.name}) did not start")
-        self.client = ExtProcClient(self.port)
+        self.metrics_port = free_port()
+        self.proc, port = launch_router(workdir / f"{self.name}.yaml", config, cgroup, self.metrics_port)
+        self.client = ExtProcClient(port)
 
     async def send(self, body: bytes) -> str:
         return (await self.client.send(body))["x-semantic-route"]

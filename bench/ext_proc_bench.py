@@ -79,16 +79,21 @@ def start_router(
     if cpu_threads:
         config["encoder"]["cpu_threads"] = cpu_threads
     config["encoder"].update(encoder or {})
-    cfg = workdir / "router.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    return launch_router(workdir / "router.yaml", config, cgroup, metrics_port)
+
+
+def launch_router(path: Path, config: dict, cgroup: Path | None = None, metrics_port: int | None = None
+                  ) -> tuple[subprocess.Popen, int]:
+    """`config` written to `path` and served by a router process (on a free gRPC port, returned),
+    once it says it is ready; `cgroup`: a cgroup v1 directory it joins before it starts."""
+    path.write_text(yaml.safe_dump(config))
     port = free_port()
 
     def join_cgroup() -> None:
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--config", str(cfg), "--grpc-port", str(port),
+        [sys.executable, "-m", "app", "serve", "--config", str(path), "--grpc-port", str(port),
          "--metrics-port", str(metrics_port or free_port()), "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
         preexec_fn=join_cgroup if cgroup is not None else None,
@@ -96,7 +101,7 @@ def start_router(
     for line in proc.stdout:
         if line.startswith("router ready"):
             return proc, port
-    raise RuntimeError("router did not start")
+    raise RuntimeError(f"router on {path} did not start")
 
 
 async def run(args) -> dict:

@@ -169,18 +169,17 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def _context(self, stream: _Stream, raw: bytes, engine: RoutingEngine, deadline: float) -> RequestContext:
         """What the filters see. A body above requests.max_body_bytes is not read (only its model is
         peeked at), but it still goes through the chain: size limits, model policy, pinning."""
-        ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None, prompt=None,
+        ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
                              deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
         if len(raw) > engine.config.requests.max_body_bytes:
             metrics.BAD_REQUESTS.labels("too_large").inc()
             ctx.unread = "body_too_large"
             ctx.requested_model, ctx.model_span = peek_model(raw)
             return ctx
-        conversation = engine.config.conversation
-        max_turns = conversation.max_turns if conversation.policy == "track" else 1
-        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests, max_turns)
+        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests,
+                                          engine.config.conversation.turns_read)
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
-        ctx.turns, ctx.prompt = parsed.turns, parsed.prompt
+        ctx.turns = parsed.turns
         return ctx
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:

@@ -27,11 +27,10 @@ class RequestContext:
     headers: dict[str, str]
     body: MutableMapping[str, Any]  # the parsed JSON object; members decode when first read
     requested_model: str | None
-    prompt: str | None  # the request's own prompt: its last user turn (None: no user text)
     deadline: float  # time.monotonic() by which the answer must go back to Envoy
     engine: RoutingEngine
     body_bytes: int = 0
-    turns: tuple[str, ...] = ()  # what routing reads, oldest first; the last is `prompt`
+    turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.
     unread: str | None = None
@@ -43,6 +42,11 @@ class RequestContext:
     extra_headers: dict[str, str] = field(default_factory=dict)
     immediate: ImmediateReply | None = None
     _embedding: np.ndarray | RoutingUnavailable | None = None
+
+    @property
+    def prompt(self) -> str | None:
+        """The request's own prompt (its last user turn): what prompt filters read."""
+        return self.turns[-1] if self.turns else None
 
     async def embedding(self) -> np.ndarray:
         """The prompt's embedding, asked of the engine once: a failure is remembered like a result,

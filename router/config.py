@@ -192,6 +192,12 @@ class ConversationConfig:
         _require(1 <= self.max_turns <= 64, "max_turns", "must be between 1 and 64")
         _require(self.gate is None or -1.0 <= self.gate <= 1.0, "gate", "must be between -1 and 1")
 
+    @property
+    def turns_read(self) -> int:
+        """Texts a request is routed on: its last `max_turns` user turns (track), or one, the joined
+        text (last_turns)."""
+        return self.max_turns if self.policy == "track" else 1
+
 
 @dataclass(frozen=True)
 class BackendConfig:

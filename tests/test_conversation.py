@@ -93,6 +93,11 @@ class Counting:
         return compute
 
 
+def waiters(cache: EmbeddingCache, model: Counting, text: str, n: int = 2) -> list[asyncio.Future]:
+    """`n` requests asking the cache for `text` at once; the model holds until released."""
+    return [asyncio.ensure_future(cache.get(text, model(text, wait=True))) for _ in range(n)]
+
+
 def test_each_distinct_text_is_computed_once_and_the_oldest_leaves_first():
     async def main():
         cache, model = EmbeddingCache(2), Counting()
@@ -110,8 +115,7 @@ def test_each_distinct_text_is_computed_once_and_the_oldest_leaves_first():
 def test_a_text_in_flight_is_shared_and_a_failure_is_not_kept():
     async def main():
         cache, model = EmbeddingCache(8), Counting()
-        first = asyncio.ensure_future(cache.get("same", model("same", wait=True)))
-        second = asyncio.ensure_future(cache.get("same", model("same", wait=True)))
+        first, second = waiters(cache, model, "same")
         await asyncio.sleep(0)
         model.release.set()
         assert np.array_equal(await first, await second)
@@ -129,8 +133,7 @@ def test_a_text_in_flight_is_shared_and_a_failure_is_not_kept():
 def test_one_waiter_leaving_keeps_the_computation_the_last_one_cancels_it():
     async def main():
         cache, model = EmbeddingCache(8), Counting()
-        first = asyncio.ensure_future(cache.get("t", model("t", wait=True)))
-        second = asyncio.ensure_future(cache.get("t", model("t", wait=True)))
+        first, second = waiters(cache, model, "t")
         await asyncio.sleep(0.01)
         first.cancel()
         await asyncio.sleep(0.01)

@@ -101,31 +101,38 @@ class TurnTable:
 def routed_texts(config: RouterConfig, dialogues: Sequence[Dialogue]) -> list[str]:
     """The distinct texts the policy embeds: each turn (track), or each turn joined with the ones
     before it (last_turns with prompt_turns > 1)."""
-    n = _joined_turns(config)
+    return sorted({t for d in dialogues for t in _routed(config, d)})
+
+
+def _routed(config: RouterConfig, dialogue: Dialogue) -> list[str]:
+    """The text each user turn is scored as."""
+    n = config.requests.prompt_turns if config.conversation.policy == "last_turns" else 1
     if n == 1:
-        return sorted({t for d in dialogues for t in d.turns})
-    return sorted({"\n".join(d.turns[max(0, t - n + 1) : t + 1]) for d in dialogues for t in range(len(d.turns))})
+        return dialogue.turns
+    return ["\n".join(dialogue.turns[max(0, t - n + 1) : t + 1]) for t in range(len(dialogue.turns))]
 
 
-def _joined_turns(config: RouterConfig) -> int:
-    return config.requests.prompt_turns if config.conversation.policy == "last_turns" else 1
+def _turn_scores(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
+                 vectors: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Per dialogue, the scores of its routed texts: independent of the gate, so computed once."""
+    return [classifier.scores(np.stack([vectors[t] for t in _routed(config, d)])) for d in dialogues]
 
 
 def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
-            vectors: dict[str, np.ndarray], gate: float | None | str = "config") -> list[str]:
+            vectors: dict[str, np.ndarray]) -> list[str]:
     """The route of every user turn (flattened as TurnTable), as the router decides it."""
-    gate = config.conversation.gate if gate == "config" else gate
+    return _choices(config, classifier, _turn_scores(config, classifier, dialogues, vectors), config.conversation.gate)
+
+
+def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[np.ndarray],
+             gate: float | None) -> list[str]:
     names = [r.name for r in config.routes]
-    default = config.default_route.name
-    n = _joined_turns(config)
-    window = config.conversation.max_turns if config.conversation.policy == "track" else 1
+    window = config.conversation.turns_read
     out = []
-    for d in dialogues:
-        texts = d.turns if n == 1 else ["\n".join(d.turns[max(0, t - n + 1) : t + 1]) for t in range(len(d.turns))]
-        scores = classifier.scores(np.stack([vectors[t] for t in texts]))
-        for t in range(len(texts)):
+    for scores in turn_scores:
+        for t in range(len(scores)):
             _, choice = deciding_turn(classifier, scores[max(0, t - window + 1) : t + 1], gate)
-            out.append(names[choice] if choice >= 0 else default)
+            out.append(names[choice] if choice >= 0 else config.default_route.name)
     return out
 
 
@@ -155,12 +162,12 @@ def tune_gate(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequ
               vectors: dict[str, np.ndarray]) -> tuple[float | None, dict]:
     """The gate (None: winning is decisive) that maximises `gate_objective` on `dialogues`, and its metrics."""
     table = TurnTable.of(dialogues)
-    scores = classifier.scores(np.stack([vectors[t] for d in dialogues for t in d.turns]))
+    turn_scores = _turn_scores(config, classifier, dialogues, vectors)
     candidates: list[float | None] = [None] + [round(float(q), 4) for q in np.unique(
-        np.quantile(scores.max(axis=1), np.linspace(0.0, 0.99, 100)))]
+        np.quantile(np.concatenate(turn_scores).max(axis=1), np.linspace(0.0, 0.99, 100)))]
     best = None
     for gate in candidates:
-        m = conversation_metrics(table, predict(config, classifier, dialogues, vectors, gate))
+        m = conversation_metrics(table, _choices(config, classifier, turn_scores, gate))
         if best is None or gate_objective(m) > gate_objective(best[1]):
             best = (gate, m)
     return best
