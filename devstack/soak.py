@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import random
 import time
 
@@ -60,10 +61,35 @@ async def soak(url: str, requests: int, phases=(1, 8, 32, 64), seed: int = 3, ti
             "seconds": round(elapsed, 1), "rps": round(sum(statuses.values()) / elapsed, 1)}
 
 
+# gRPC's event engine adds a worker thread (at most one a second) while its pool is busy and
+# reclaims one idle for 20 s: growth after a burst is not a leak until that time has passed.
+GRPC_IDLE_THREAD_LIMIT_S = 20.0
+
+
 def process_figures(pid: int) -> dict:
     with open(f"/proc/{pid}/status") as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
     return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "threads": int(fields["Threads"])}
+
+
+def thread_names(pid: int) -> collections.Counter[str]:
+    names: collections.Counter[str] = collections.Counter()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                names[f.read().strip()] += 1
+        except FileNotFoundError:  # the thread ended while we listed
+            pass
+    return names
+
+
+def settled_threads(pid: int, baseline: collections.Counter[str],
+                    timeout: float = GRPC_IDLE_THREAD_LIMIT_S + 10) -> collections.Counter[str]:
+    """The process's threads once they are back to `baseline`, or as they stand after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (names := thread_names(pid)) != baseline and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return names
 
 
 def main() -> None:
@@ -79,10 +105,12 @@ def main() -> None:
     with Stack(Path(tempfile.mkdtemp(prefix="soak-")), ports) as stack:
         asyncio.run(soak(stack.url, 500))  # warm-up: caches, allocator, gRPC connections
         before = process_figures(stack.router.pid)
+        threads_before = thread_names(stack.router.pid)
         result = asyncio.run(soak(stack.url, args.requests))
-        time.sleep(2)
+        threads_after = settled_threads(stack.router.pid, threads_before)
         after = process_figures(stack.router.pid)
     result.update(router_before=before, router_after=after,
+                  threads_left=dict(threads_after - threads_before),
                   rss_growth_mb=round(after["rss_mb"] - before["rss_mb"], 1))
     print(json.dumps(result, indent=2))
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from devstack.soak import process_figures, soak
+from devstack.soak import process_figures, settled_threads, soak, thread_names
 from devstack.stack import Stack, StackPorts
 from tests.integration.conftest import metric, scrape
 
@@ -31,15 +31,17 @@ def test_short_soak_answers_everything_without_leaks(own_stack):
     asyncio.run(soak(own_stack.url, 300))
     time.sleep(1.5)
     before = process_figures(own_stack.router.pid)
+    threads_before = thread_names(own_stack.router.pid)
     tasks_before = metric(scrape(own_stack.metrics_url), "semantic_router_event_loop_tasks")
     result = asyncio.run(soak(own_stack.url, SHORT_SOAK_REQUESTS))
     time.sleep(2.5)  # gauges refresh every second
+    threads_after = settled_threads(own_stack.router.pid, threads_before)
     after = process_figures(own_stack.router.pid)
     text = scrape(own_stack.metrics_url)
     print(f"\nshort soak: {result}, router {before} -> {after}")
     assert result["requests"] == SHORT_SOAK_REQUESTS
     assert result["statuses"] == {"200": SHORT_SOAK_REQUESTS}
-    assert after["threads"] == before["threads"]
+    assert threads_after == threads_before, (threads_after - threads_before, threads_before - threads_after)
     assert metric(text, "semantic_router_event_loop_tasks") <= tasks_before + 2
     assert after["rss_mb"] - before["rss_mb"] < 60, (before, after)
     assert metric(text, "semantic_router_requests_total", 'outcome="fallback_error"') == 0
