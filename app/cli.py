@@ -279,7 +279,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     config = _load(args.config)
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
-                   min_default_recall=args.min_default_recall, per_route=not args.shared_threshold)
+                   min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
+                   head_score=None if args.head_score == "auto" else args.head_score)
     if _is_conversations(args.data):
         from tuning.conversations import fit_conversations, with_gate
 
@@ -434,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--data", type=Path, required=True)
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
     ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
+    ft.add_argument("--head-score", choices=("auto", "probability", "energy"), default="auto",
+                    help="with --head: classifier.head_score; auto keeps the one that does better on the held-out "
+                    "examples")
     ft.add_argument("--top-k", action=argparse.BooleanOptionalAction, default=True,
                     help="similarity method: also choose top_k (on by default; with 10 examples per intent on "
                     "CLINC150, top-5 mean against top-1 raised val accuracy at a 20%% default share 0.89 -> 0.92)")

@@ -31,7 +31,8 @@ class RouteClassifier:
 
     The best route whose score clears its threshold wins, unless the default route's own
     examples score higher; otherwise the default route. Scores are cosine similarities for
-    `similarity` and probabilities for `head`, and thresholds are on that scale.
+    `similarity` and probabilities or energies for `head` (classifier.head_score), and thresholds
+    are on that scale.
     """
 
     def __init__(self, config: RouterConfig, encode: Encode, head: LinearHead | None = None):
@@ -89,5 +90,5 @@ def _scorer(config: RouterConfig, encode: Encode, head: LinearHead | None) -> tu
             head = train_head(encode([u for g in groups for u in g]), labels, names[: len(groups)],
                               epochs=cc.head_epochs)
         scored = names if default.name in head.routes else names[:-1]
-        return HeadScorer(head, scored), len(scored) == len(names)
+        return HeadScorer(head, scored, cc.head_score), len(scored) == len(names)
     return SimilarityScorer(groups, encode, cc.top_k, cc.aggregation), bool(default.utterances)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import urllib.parse
 from dataclasses import dataclass, field
@@ -101,7 +102,7 @@ class RouteConfig:
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
         _require(len(self.utterances) > 0, "utterances", "needs at least one utterance")
-        _require(self.threshold is None or -1.0 <= self.threshold <= 1.0, "threshold", "must be between -1 and 1")
+        _require(self.threshold is None or math.isfinite(self.threshold), "threshold", "must be a number")
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,21 @@ class ClassifierConfig:
     aggregation: Literal["max", "mean"] = "mean"
     head_path: str | None = None  # head: weights from `semantic-router fit --head`; None trains on the utterances at load
     head_epochs: int = 300
+    # head: what a route's score (and so its threshold) is. probability: its best class's softmax
+    # probability. energy: the log-sum-exp of all the head's logits, less the log-probability by which
+    # the route's best class trails the top class (the top route scores the energy itself). Softmax
+    # normalises confidence away, so an out-of-scope prompt can still win one class clearly; the
+    # energy keeps how strongly the prompt matched anything (Liu et al., NeurIPS 2020).
+    head_score: Literal["probability", "energy"] = "probability"
 
     def __post_init__(self):
         _require(self.top_k >= 1, "top_k", "must be at least 1")
         _require(self.head_epochs >= 1, "head_epochs", "must be at least 1")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether scores (and so thresholds and the conversation gate) lie in [-1, 1]."""
+        return not (self.method == "head" and self.head_score == "energy")
 
 
 @dataclass(frozen=True)
@@ -190,7 +202,7 @@ class ConversationConfig:
 
     def __post_init__(self):
         _require(1 <= self.max_turns <= 64, "max_turns", "must be between 1 and 64")
-        _require(self.gate is None or -1.0 <= self.gate <= 1.0, "gate", "must be between -1 and 1")
+        _require(self.gate is None or math.isfinite(self.gate), "gate", "must be a number")
 
     @property
     def turns_read(self) -> int:
@@ -269,7 +281,14 @@ class RouterConfig:
         for i, route in enumerate(self.routes):
             _require(route.name not in seen, f"routes[{i}].name", f"duplicate route name {route.name!r}")
             seen.add(route.name)
-        _require(-1.0 <= self.default_threshold <= 1.0, "default_threshold", "must be between -1 and 1")
+        # Cosine similarities and probabilities lie in [-1, 1]; a threshold outside can never be met.
+        in_range = (lambda v: -1.0 <= v <= 1.0) if self.classifier.bounded else math.isfinite
+        why = "must be between -1 and 1" if self.classifier.bounded else "must be a number"
+        _require(in_range(self.default_threshold), "default_threshold", why)
+        for i, route in enumerate(self.routes):
+            _require(route.threshold is None or in_range(route.threshold), f"routes[{i}].threshold", why)
+        gate = self.conversation.gate
+        _require(gate is None or in_range(gate), "conversation.gate", why)
         _require(self.cache_size >= 0, "cache_size", "must not be negative")
         if self.conversation.policy == "track":
             # track reads turns one by one; joining them is what last_turns does.

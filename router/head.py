@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -19,15 +19,25 @@ class LinearHead:
     weight: np.ndarray  # (classes, dim)
     bias: np.ndarray  # (classes,)
 
-    def route_scores(self, embeddings: np.ndarray, route_names: list[str]) -> np.ndarray:
-        """(n, routes): each route's best class probability."""
-        probs = self.probabilities(embeddings)
-        cols = [probs[:, [i for i, r in enumerate(self.routes) if r == name]].max(axis=1) for name in route_names]
-        return np.stack(cols, axis=1)
+    def route_scores(self, embeddings: np.ndarray, route_names: list[str],
+                     score: Literal["probability", "energy"] = "probability") -> np.ndarray:
+        """(n, routes): each route's best class probability, or (energy) the head's energy, the
+        log-sum-exp of all logits, less how far the route's best logit trails the top one."""
+        logits = self.logits(embeddings)
+        top = logits.max(axis=-1, keepdims=True)
+        log_norm = np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+        best = np.stack([logits[:, [i for i, r in enumerate(self.routes) if r == name]].max(axis=1)
+                         for name in route_names], axis=1)
+        if score == "energy":
+            return (top + log_norm) - (top - best)
+        return np.exp(best - top - log_norm)
+
+    def logits(self, embeddings: np.ndarray) -> np.ndarray:
+        return embeddings @ self.weight.T + self.bias
 
     def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
         """Softmax probabilities, (n, classes) for (n, dim) input or (classes,) for one vector."""
-        logits = embeddings @ self.weight.T + self.bias
+        logits = self.logits(embeddings)
         logits = logits - logits.max(axis=-1, keepdims=True)
         e = np.exp(logits)
         return e / e.sum(axis=-1, keepdims=True)
@@ -77,15 +87,17 @@ def train_head(
 
 
 class HeadScorer:
-    """Route scores as a trained head's probabilities (each route's best class)."""
+    """Route scores from a trained head: probabilities or energies (see ClassifierConfig.head_score)."""
 
-    def __init__(self, head: LinearHead, route_names: Sequence[str]):
+    def __init__(self, head: LinearHead, route_names: Sequence[str],
+                 score: Literal["probability", "energy"] = "probability"):
         if set(head.routes) != set(route_names):
             raise ValueError(
                 f"classifier.head_path: head routes {sorted(set(head.routes))} do not match {sorted(route_names)}"
             )
         self.head = head
         self._route_names = list(route_names)
+        self._score = score
 
     def scores(self, embeddings: np.ndarray) -> np.ndarray:
-        return self.head.route_scores(embeddings, self._route_names)
+        return self.head.route_scores(embeddings, self._route_names, self._score)

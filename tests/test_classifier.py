@@ -91,6 +91,29 @@ def test_head_saved_and_loaded(tmp_path):
     assert clf.classify(unit(1, 0, 0)).route == "math"
 
 
+def test_head_energy_rejects_a_prompt_that_only_leans_towards_a_class(tmp_path):
+    # Softmax normalises strength away: a prompt mostly off every class still wins one with
+    # probability near 1. The energy (log-sum-exp of the logits) keeps how strongly it matched.
+    head = LinearHead(("a", "b"), ("math", "code"), np.asarray([[10, 0, 0], [0, 10, 0]], dtype=np.float32),
+                      np.zeros(2, dtype=np.float32))
+    head.save(tmp_path / "h.npz")
+    strong, leaning = unit(1, 0, 0), unit(0.6, 0, 0.8)
+
+    def classifier(score, threshold):
+        return RouteClassifier(config(classifier={"method": "head", "head_path": str(tmp_path / "h.npz"),
+                                                  "head_score": score}, default_threshold=threshold), encode)
+
+    probability, energy = classifier("probability", 0.99), classifier("energy", 8.0)
+    assert probability.classify(leaning).route == "math"  # p = 0.9975: the shortcoming
+    assert energy.classify(leaning).reason == "default"
+    assert energy.classify(strong).route == "math"
+    scores = energy.scores(np.stack([strong, leaning]))
+    # The top route scores the energy; another trails it by its logit gap (10 and 6 here).
+    np.testing.assert_allclose(scores[:, 0], np.logaddexp([10.0, 6.0], 0.0), rtol=1e-5)
+    np.testing.assert_allclose(scores[:, 0] - scores[:, 1], [10.0, 6.0], rtol=1e-5)
+    assert energy.classify(strong).score == pytest.approx(10.0, abs=1e-3)
+
+
 def test_head_with_wrong_routes_is_rejected(tmp_path):
     head = train_head(np.stack([unit(1, 0, 0), unit(0, 1, 0)]), ["x", "y"], ["x", "y"])
     head.save(tmp_path / "h.npz")

@@ -47,6 +47,9 @@ def test_minimal_config_gets_defaults():
     [
         ("routes.0.threshold", "high", "routes[0].threshold"),
         ("routes.0.threshold", 3, "routes[0].threshold"),
+        ("default_threshold", 1.5, "default_threshold"),
+        ("conversation.gate", 2, "conversation.gate"),
+        ("classifier.head_score", "logit", "classifier.head_score"),
         ("routes.0.utterances", [], "routes[0].utterances"),
         ("routes.0.utterances", "solve", "routes[0].utterances"),
         ("routes.0.colour", "red", "routes[0].colour"),
@@ -64,6 +67,14 @@ def test_bad_values_name_their_key(path, value, key):
     with pytest.raises(ConfigError) as err:
         parse_config(with_change(path, value))
     assert f"{key}:" in str(err.value)
+
+
+def test_energy_thresholds_are_not_bounded_by_one():
+    data = with_change("classifier", {"method": "head", "head_score": "energy"})
+    data["routes"][0]["threshold"] = 7.5
+    data["conversation"] = {"gate": 8.25}
+    cfg = parse_config(data)
+    assert (cfg.routes[0].threshold, cfg.conversation.gate) == (7.5, 8.25)
 
 
 def test_missing_required_keys_are_named():

@@ -59,6 +59,8 @@ def test_fit_head_writes_a_config_that_serves(data):
               "--min-default-recall", "0.8", "--out", str(out_cfg))
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout
+    assert "head_score=probability" in out.stdout and "head_score=energy" in out.stdout
+    assert yaml.safe_load(out_cfg.read_text())["classifier"]["head_score"] in {"probability", "energy"}
     assert (data / "fitted.head.npz").exists()
     ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
     assert ev.returncode == 0, ev.stderr

@@ -197,7 +197,10 @@ def fit_conversations(config: RouterConfig, encode, dialogues: Sequence[Dialogue
     train, tune = split_dialogues(dialogues, holdout, seed)
     first = fit(config, encode, *turn_examples(train, vectors), seed=seed, **fit_args)
     gate, held_out = tune_gate(first.config, RouteClassifier(first.config, encode, head=first.head), tune, vectors)
+    # The gate is on the scale of the first fit's scores: the second keeps them.
+    fit_args["head_score"] = first.config.classifier.head_score
     result = fit(config, encode, *turn_examples(dialogues, vectors), seed=seed, **fit_args)
+    result.notes[:0] = [f"on the dialogues the gate is not chosen on: {note}" for note in first.notes]
     result.config = with_gate(result.config, gate)
     result.notes.append(
         f"conversation gate {gate} chosen on {len(tune)} held-out dialogues ({held_out['turns']} turns): all turns "

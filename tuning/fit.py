@@ -13,6 +13,7 @@ from router.head import LinearHead, train_head
 from tuning.evaluation import SHIFTED_DEFAULT_SHARE
 
 TOP_K_CANDIDATES = (1, 3, 5, 10)
+HEAD_SCORES = ("probability", "energy")
 
 
 @dataclass
@@ -124,37 +125,34 @@ def fit(
     intents: list[str] | None = None,
     min_default_recall: float = 0.0,
     per_route: bool = True,
+    head_score: str | None = None,
 ) -> FitResult:
+    """head_score: the head's score (ClassifierConfig.head_score); None chooses it on the held-out examples."""
     notes = []
     truth = label_indices(config, labels)
+    tuning = dict(objective=objective, min_default_recall=min_default_recall, per_route=per_route)
     head = None
     if with_head:
         head, train_idx, tune_idx = _train_head(config, embeddings, labels, intents, holdout, seed)
-        config = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, method="head"))
-        classifier = RouteClassifier(config, encode, head=head)
         notes.append(
             f"head: {len(head.classes)} classes over {len(set(head.routes))} routes, trained on {len(train_idx)} "
             f"examples; thresholds tuned on {len(tune_idx)} held-out ones (default-route examples included)"
         )
+        candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
+            config.classifier, method="head", head_score=score)) for score in
+            (HEAD_SCORES if head_score is None else (head_score,))]
+        config, classifier = _best_of(candidates, encode, head, embeddings[tune_idx], truth[tune_idx], notes,
+                                      lambda c: f"head_score={c.classifier.head_score}", **tuning)
     else:
         tune_idx = np.arange(len(labels))
         classifier = RouteClassifier(config, encode)
         if tune_top_k and config.classifier.method == "similarity":
-            best = None
-            for k in TOP_K_CANDIDATES:
-                cfg = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, top_k=k, aggregation="mean"))
-                clf = RouteClassifier(cfg, encode)
-                s = clf.scores(embeddings)
-                th = tune_thresholds(clf, s, truth, objective=objective, min_default_recall=min_default_recall,
-                                     per_route=per_route)
-                acc = objective_function(truth, objective, min_default_recall)(clf.choose(s, th))
-                notes.append(f"top_k={k}: {objective} {acc:.4f} with tuned thresholds")
-                if best is None or acc > best[0]:
-                    best = (acc, cfg, clf)
-            _, config, classifier = best
+            candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
+                config.classifier, top_k=k, aggregation="mean")) for k in TOP_K_CANDIDATES]
+            config, classifier = _best_of(candidates, encode, None, embeddings, truth, notes,
+                                          lambda c: f"top_k={c.classifier.top_k}", **tuning)
     scores = classifier.scores(embeddings[tune_idx])
-    thresholds = tune_thresholds(classifier, scores, truth[tune_idx], objective=objective,
-                                 min_default_recall=min_default_recall, per_route=per_route)
+    thresholds = tune_thresholds(classifier, scores, truth[tune_idx], **tuning)
     if with_head:
         # The thresholds are set; the head itself may now learn from every in-scope example.
         head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
@@ -162,6 +160,22 @@ def fit(
     routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
     config = dataclasses.replace(config, routes=routes)
     return FitResult(config, head, thresholds, notes)
+
+
+def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, embeddings: np.ndarray,
+             truth: np.ndarray, notes: list[str], describe, **tuning) -> tuple[RouterConfig, RouteClassifier]:
+    """The candidate config that scores best on `embeddings` with thresholds tuned for each (first on ties)."""
+    best = None
+    for config in candidates:
+        classifier = RouteClassifier(config, encode, head=head)
+        scores = classifier.scores(embeddings)
+        thresholds = tune_thresholds(classifier, scores, truth, **tuning)
+        value = objective_function(truth, tuning["objective"], tuning["min_default_recall"])(
+            classifier.choose(scores, thresholds))
+        notes.append(f"{describe(config)}: {tuning['objective']} {value:.4f} with tuned thresholds")
+        if best is None or value > best[0]:
+            best = (value, config, classifier)
+    return best[1], best[2]
 
 
 def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
@@ -188,5 +202,5 @@ def classifier_section(cc: ClassifierConfig, head_path: str | None) -> dict:
     if cc.method == "similarity":
         out.update(top_k=cc.top_k, aggregation=cc.aggregation)
     else:
-        out.update(head_path=head_path, head_epochs=cc.head_epochs)
+        out.update(head_path=head_path, head_epochs=cc.head_epochs, head_score=cc.head_score)
     return out
