@@ -166,13 +166,15 @@ def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, em
              truth: np.ndarray, notes: list[str], describe, **tuning) -> tuple[RouterConfig, RouteClassifier]:
     """The candidate config that scores best on `embeddings` with thresholds tuned for each (first on ties)."""
     best = None
+    value_of = objective_function(truth, tuning["objective"], tuning["min_default_recall"])
+    # Without both in-scope and default-route examples every objective is plain accuracy.
+    scored = tuning["objective"] if (truth >= 0).any() and (truth < 0).any() else "accuracy"
     for config in candidates:
         classifier = RouteClassifier(config, encode, head=head)
         scores = classifier.scores(embeddings)
         thresholds = tune_thresholds(classifier, scores, truth, **tuning)
-        value = objective_function(truth, tuning["objective"], tuning["min_default_recall"])(
-            classifier.choose(scores, thresholds))
-        notes.append(f"{describe(config)}: {tuning['objective']} {value:.4f} with tuned thresholds")
+        value = value_of(classifier.choose(scores, thresholds))
+        notes.append(f"{describe(config)}: {scored} {value:.4f} with tuned thresholds")
         if best is None or value > best[0]:
             best = (value, config, classifier)
     return best[1], best[2]
