@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from devstack.soak import process_figures, settled_threads, soak, thread_names
+from devstack.soak import fixed_threads, process_figures, settled_threads, soak, thread_names
 from devstack.stack import Stack, StackPorts
 from tests.integration.conftest import metric, scrape
 
@@ -41,7 +41,9 @@ def test_short_soak_answers_everything_without_leaks(own_stack):
     print(f"\nshort soak: {result}, router {before} -> {after}")
     assert result["requests"] == SHORT_SOAK_REQUESTS
     assert result["statuses"] == {"200": SHORT_SOAK_REQUESTS}
-    assert threads_after == threads_before, (threads_after - threads_before, threads_before - threads_after)
+    # Nothing beyond the warm baseline; only gRPC's elastic pool may have shrunk below it.
+    assert not threads_after - threads_before, threads_after - threads_before
+    assert fixed_threads(threads_after) == fixed_threads(threads_before), (threads_before, threads_after)
     assert metric(text, "semantic_router_event_loop_tasks") <= tasks_before + 2
     assert after["rss_mb"] - before["rss_mb"] < 60, (before, after)
     assert metric(text, "semantic_router_requests_total", 'outcome="fallback_error"') == 0
