@@ -95,14 +95,13 @@ class RouteConfig:
     name: str
     model: str
     utterances: tuple[str, ...]
-    threshold: float | None = None  # None: the config's default_threshold
+    threshold: float | None = None  # None: the config's default_threshold; range checked by RouterConfig (its scale)
     description: str | None = None
 
     def __post_init__(self):
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
         _require(len(self.utterances) > 0, "utterances", "needs at least one utterance")
-        _require(self.threshold is None or math.isfinite(self.threshold), "threshold", "must be a number")
 
 
 @dataclass(frozen=True)
@@ -198,11 +197,11 @@ class ConversationConfig:
     max_turns: int = 8
     # None: a turn is decisive when it clears its route's threshold. A trained head's probability
     # makes a good gate (`semantic-router fit` on conversations tunes it); a cosine score does not.
+    # Its range is the classifier's scale: RouterConfig checks it.
     gate: float | None = None
 
     def __post_init__(self):
         _require(1 <= self.max_turns <= 64, "max_turns", "must be between 1 and 64")
-        _require(self.gate is None or math.isfinite(self.gate), "gate", "must be a number")
 
     @property
     def turns_read(self) -> int:

@@ -24,6 +24,15 @@ VECTORS = {
 }
 
 
+def scatter(rng, center, n, spread):
+    """`n` unit vectors around `center`, each drawn with its own Gaussian offset (std `spread`)."""
+    out = []
+    for _ in range(n):
+        v = center + rng.normal(0, spread, 3)
+        out.append(v / np.linalg.norm(v))
+    return out
+
+
 def encode(texts):
     return np.stack([VECTORS[t] for t in texts])
 
@@ -138,10 +147,8 @@ def test_tuned_thresholds_never_lower_accuracy():
     centers = {"math": unit(1, 0, 0), "code": unit(0, 1, 0), "general": unit(0, 0, 1)}
     labels, xs = [], []
     for label, c in centers.items():
-        for _ in range(30):
-            v = c + rng.normal(0, 0.35, 3)
-            xs.append(v / np.linalg.norm(v))
-            labels.append(label)
+        xs += scatter(rng, c, 30, 0.35)
+        labels += [label] * 30
     x = np.stack(xs).astype(np.float32)
     truth = np.asarray([{"math": 0, "code": 1}.get(label, -1) for label in labels])
     scores = clf.scores(x)
@@ -160,14 +167,10 @@ def test_the_shifted_objective_keeps_rejecting_when_default_traffic_is_rare_in_t
     centers = {"math": unit(1, 0, 0), "code": unit(0, 1, 0)}
     labels, xs = [], []
     for label, c in centers.items():
-        for _ in range(150):
-            v = c + rng.normal(0, 0.45, 3)
-            xs.append(v / np.linalg.norm(v))
-            labels.append(label)
-    for _ in range(9):  # out of scope: off both routes, scoring like their weaker examples
-        v = unit(1, 1, 2) + rng.normal(0, 0.2, 3)
-        xs.append(v / np.linalg.norm(v))
-        labels.append("general")
+        xs += scatter(rng, c, 150, 0.45)
+        labels += [label] * 150
+    xs += scatter(rng, unit(1, 1, 2), 9, 0.2)  # out of scope: off both routes, scoring like their weaker examples
+    labels += ["general"] * 9
     x = np.stack(xs).astype(np.float32)
     truth = np.asarray([{"math": 0, "code": 1}.get(label, -1) for label in labels])
     scores = clf.scores(x)

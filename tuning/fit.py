@@ -141,18 +141,15 @@ def fit(
         candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
             config.classifier, method="head", head_score=score)) for score in
             (HEAD_SCORES if head_score is None else (head_score,))]
-        config, classifier = _best_of(candidates, encode, head, embeddings[tune_idx], truth[tune_idx], notes,
+        config, thresholds = _best_of(candidates, encode, head, embeddings[tune_idx], truth[tune_idx], notes,
                                       lambda c: f"head_score={c.classifier.head_score}", **tuning)
+    elif tune_top_k and config.classifier.method == "similarity":
+        candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
+            config.classifier, top_k=k, aggregation="mean")) for k in TOP_K_CANDIDATES]
+        config, thresholds = _best_of(candidates, encode, None, embeddings, truth, notes,
+                                      lambda c: f"top_k={c.classifier.top_k}", **tuning)
     else:
-        tune_idx = np.arange(len(labels))
-        classifier = RouteClassifier(config, encode)
-        if tune_top_k and config.classifier.method == "similarity":
-            candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
-                config.classifier, top_k=k, aggregation="mean")) for k in TOP_K_CANDIDATES]
-            config, classifier = _best_of(candidates, encode, None, embeddings, truth, notes,
-                                          lambda c: f"top_k={c.classifier.top_k}", **tuning)
-    scores = classifier.scores(embeddings[tune_idx])
-    thresholds = tune_thresholds(classifier, scores, truth[tune_idx], **tuning)
+        config, thresholds = _best_of([config], encode, None, embeddings, truth, notes, None, **tuning)
     if with_head:
         # The thresholds are set; the head itself may now learn from every in-scope example.
         head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
@@ -163,8 +160,9 @@ def fit(
 
 
 def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, embeddings: np.ndarray,
-             truth: np.ndarray, notes: list[str], describe, **tuning) -> tuple[RouterConfig, RouteClassifier]:
-    """The candidate config that scores best on `embeddings` with thresholds tuned for each (first on ties)."""
+             truth: np.ndarray, notes: list[str], describe, **tuning) -> tuple[RouterConfig, np.ndarray]:
+    """The candidate config that scores best on `embeddings` with thresholds tuned for each (first on
+    ties), and its thresholds; `describe` names a candidate in `notes` (None: no note)."""
     best = None
     value_of = objective_function(truth, tuning["objective"], tuning["min_default_recall"])
     # Without both in-scope and default-route examples every objective is plain accuracy.
@@ -174,9 +172,10 @@ def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, em
         scores = classifier.scores(embeddings)
         thresholds = tune_thresholds(classifier, scores, truth, **tuning)
         value = value_of(classifier.choose(scores, thresholds))
-        notes.append(f"{describe(config)}: {scored} {value:.4f} with tuned thresholds")
+        if describe is not None:
+            notes.append(f"{describe(config)}: {scored} {value:.4f} with tuned thresholds")
         if best is None or value > best[0]:
-            best = (value, config, classifier)
+            best = (value, config, thresholds)
     return best[1], best[2]
 
 
