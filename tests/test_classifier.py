@@ -159,6 +159,20 @@ def test_tuned_thresholds_never_lower_accuracy():
     assert [r.threshold for r in result.config.routes] == [round(float(t), 4) for t in result.thresholds]
 
 
+def test_fit_refits_a_config_whose_thresholds_are_on_another_scale():
+    # A config fitted with energy thresholds (above 1) fitted again: the probability candidate
+    # must not inherit them (out of its range) and the result carries its own.
+    rng = np.random.default_rng(2)
+    x = np.stack(scatter(rng, unit(1, 0, 0), 20, 0.3) + scatter(rng, unit(0, 1, 0), 20, 0.3)).astype(np.float32)
+    labels = ["math"] * 20 + ["code"] * 20
+    energy = config(classifier={"method": "head", "head_score": "energy"},
+                    routes=[{"name": "math", "model": "math-model", "utterances": ["m1"], "threshold": 7.5},
+                            {"name": "code", "model": "code-model", "utterances": ["c1"], "threshold": 6.25}])
+    result = fit(energy, encode, x, labels, with_head=True, head_score="probability")
+    assert result.config.classifier.head_score == "probability"
+    assert all(0 <= r.threshold <= 1 for r in result.config.routes)
+
+
 def test_the_shifted_objective_keeps_rejecting_when_default_traffic_is_rare_in_the_data():
     """Tuned on data with 3% default-route examples (CLINC150's val), plain accuracy barely cares
     about them; `shifted` (the default) weighs them as a fifth of the traffic."""

@@ -131,6 +131,9 @@ def fit(
     notes = []
     truth = label_indices(config, labels)
     tuning = dict(objective=objective, min_default_recall=min_default_recall, per_route=per_route)
+    # Every threshold is tuned afresh, maybe on another scale (energy ones lie above 1, out of
+    # range for probability): the source's own would only stand in the way of the candidates.
+    config = dataclasses.replace(config, routes=tuple(dataclasses.replace(r, threshold=None) for r in config.routes))
     head = None
     if with_head:
         head, train_idx, tune_idx = _train_head(config, embeddings, labels, intents, holdout, seed)
