@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot sgd clean
+.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,10 @@ clinc150-fewshot: $(STAMP)
 	$(VENV)/bin/semantic-router fit --config build/clinc150.few.yaml --data $(CLINC)/val.jsonl --out build/clinc150.few.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.few.fitted.yaml --data $(CLINC)/val.jsonl \
 		--html build/clinc150.few.fitted.html
+
+# Where quality stops: out-of-scope scores compared, few-shot scoring choices out of sample (needs both above).
+clinc150-study: $(STAMP)
+	$(PY) examples/clinc150/score_study.py --out build/clinc150-study.json
 
 SGD := ../shared/data/sgd
 sgd: $(STAMP)

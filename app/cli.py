@@ -168,13 +168,8 @@ def _offline(config: RouterConfig):
 def _labelled(config: RouterConfig, path: Path):
     from tuning.evaluation import load_labelled
 
-    return _read_data(load_labelled, path, config)
-
-
-def _read_data(loader, path: Path, config: RouterConfig):
-    """`loader(path, allowed labels)`; a file that cannot be used ends the command with its reason."""
     with _data_errors(OSError, ValueError):
-        return loader(path, config.route_names)
+        return load_labelled(path, config.route_names)
 
 
 @contextlib.contextmanager
@@ -197,7 +192,8 @@ def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
 def _dialogues(config: RouterConfig, path: Path):
     from tuning.conversations import load_dialogues
 
-    return _read_data(load_dialogues, path, config)
+    with _data_errors(OSError, ValueError):
+        return load_dialogues(path, config.route_names, config.requests.harness_tags)
 
 
 def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -> dict:

@@ -281,14 +281,14 @@ def extract_turns(
     elif path.endswith("/responses"):
         items = data.get("input")
         if isinstance(items, str):
-            turns = [t for t in [_text_of(items, strip)] if t]
+            turns = [t for t in [content_text(items, strip)] if t]
         else:
             turns = _user_turns(items, strip)
-        system = _joined([_text_of(data.get("instructions")), _system_of(items)])
+        system = _joined([content_text(data.get("instructions")), _system_of(items)])
     else:
         messages = data.get("messages")
         turns = _user_turns(messages, strip)
-        system = _text_of(data.get("system")) if "system" in data else _system_of(messages)
+        system = content_text(data.get("system")) if "system" in data else _system_of(messages)
     cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
     if max_turns > 1:
         return tuple(_capped(t, cap) for t in turns[-max_turns:])
@@ -306,7 +306,7 @@ def _joined(texts: list[str | None]) -> str | None:
     return "\n".join(t for t in texts if t) or None
 
 
-def _text_of(content: Any, strip: tuple[str, ...] = ()) -> str | None:
+def content_text(content: Any, strip: tuple[str, ...] = ()) -> str | None:
     """String content, or the text parts of a content-part array (images, tool calls and tool
     results ignored), less the harness blocks of the tags in `strip`."""
     if isinstance(content, list):
@@ -353,7 +353,7 @@ def _user_turns(messages: Any, strip: tuple[str, ...]) -> list[str]:
     out = []
     for m in messages:
         if isinstance(m, dict) and m.get("role") == "user":
-            text = _text_of(m.get("content"), strip)
+            text = content_text(m.get("content"), strip)
             if text:
                 out.append(text)
     return out
@@ -363,7 +363,7 @@ def _system_of(messages: Any) -> str | None:
     if not isinstance(messages, list):
         return None
     return _joined([
-        _text_of(m.get("content"))
+        content_text(m.get("content"))
         for m in messages
         if isinstance(m, dict) and m.get("role") in ("system", "developer")
     ])

@@ -165,12 +165,19 @@ def test_fit_refits_a_config_whose_thresholds_are_on_another_scale():
     rng = np.random.default_rng(2)
     x = np.stack(scatter(rng, unit(1, 0, 0), 20, 0.3) + scatter(rng, unit(0, 1, 0), 20, 0.3)).astype(np.float32)
     labels = ["math"] * 20 + ["code"] * 20
-    energy = config(classifier={"method": "head", "head_score": "energy"},
+    energy = config(classifier={"method": "head", "head_score": "energy"}, default_threshold=7.0,
+                    conversation={"gate": 9.0},
                     routes=[{"name": "math", "model": "math-model", "utterances": ["m1"], "threshold": 7.5},
                             {"name": "code", "model": "code-model", "utterances": ["c1"], "threshold": 6.25}])
     result = fit(energy, encode, x, labels, with_head=True, head_score="probability")
     assert result.config.classifier.head_score == "probability"
     assert all(0 <= r.threshold <= 1 for r in result.config.routes)
+    # What fit does not tune is reset, not carried onto a scale where it means nothing (or is refused).
+    assert result.config.default_threshold == 0.5 and result.config.conversation.gate is None
+    assert any("conversation.gate 9.0 dropped" in note for note in result.notes)
+    # On the same scale they stay as they were.
+    same = fit(energy, encode, x, labels, with_head=True, head_score="energy")
+    assert (same.config.default_threshold, same.config.conversation.gate) == (7.0, 9.0)
 
 
 def test_the_shifted_objective_keeps_rejecting_when_default_traffic_is_rare_in_the_data():

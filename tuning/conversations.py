@@ -8,17 +8,18 @@ gateway sees it: with the user turns before it, under the config's `conversation
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from extproc.request_body import content_text
 from router.classifier import RouteClassifier
 from router.config import RouterConfig
 from router.conversation import deciding_turn
 from tuning.fit import FitResult, fit
+from tuning.jsonl import BadRecord, first_record, known_label, read_records
 
 SHORT_WORDS = 6  # a user turn of at most this many words counts as a short follow-up
 
@@ -31,48 +32,28 @@ class Dialogue:
 
 def is_conversation_data(path: str | Path) -> bool:
     """Whether the file's first record is a conversation (else {text, label} lines)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    return False
-                return isinstance(row, dict) and "messages" in row
-    return False
+    row = first_record(path)
+    return isinstance(row, dict) and "messages" in row
 
 
-def load_dialogues(path: str | Path, allowed: Sequence[str]) -> list[Dialogue]:
-    allowed_set = set(allowed)
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                turns = [_text(m["content"]) for m in row["messages"] if m["role"] == "user"]
-                labels = row["labels"]
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{path}:{n}: expected {{\"messages\": [{{\"role\", \"content\"}}, ...], "
-                                 f"\"labels\": [...]}} with text content") from None
-            if len(labels) != len(turns) or not all(turns):
-                raise ValueError(f"{path}:{n}: {len(labels)} labels for {len(turns)} user messages (each needs text)")
-            bad = next((label for label in labels if label not in allowed_set), None)
-            if bad is not None:
-                raise ValueError(f"{path}:{n}: label {bad!r} is not a route or the default route ({sorted(allowed_set)})")
-            out.append(Dialogue(turns, list(labels)))
-    if not out:
-        raise ValueError(f"{path}: no conversations")
-    return out
+def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Sequence[str] = ()) -> list[Dialogue]:
+    """Each user message is read as the router reads it (extproc.request_body.content_text): its text
+    parts, less the blocks of `harness_tags` (requests.harness_tags). A message left with no text is
+    no turn to the router, so it and its label are passed over."""
+    allowed_set, strip = set(allowed), tuple(harness_tags)
 
+    def parse(row: dict) -> Dialogue:
+        users = [m for m in row["messages"] if m["role"] == "user"]
+        labels = row["labels"]
+        if not isinstance(labels, list) or len(labels) != len(users):
+            raise BadRecord(f"{len(labels)} labels for {len(users)} user messages")
+        kept = [(text, known_label(label, allowed_set)) for m, label in zip(users, labels)
+                if (text := content_text(m["content"], strip)) is not None]
+        if not kept:
+            raise BadRecord("no user message with text")
+        return Dialogue([text for text, _ in kept], [label for _, label in kept])
 
-def _text(content) -> str:
-    if isinstance(content, list):  # content parts: their text, as the router reads them
-        content = "\n".join(p["text"] for p in content if p.get("type") in ("text", "input_text"))
-    if not isinstance(content, str):
-        raise TypeError("content")
-    return content.strip()
+    return read_records(path, parse, '{"messages": [{"role", "content"}, ...], "labels": [...]}', "conversations")
 
 
 @dataclass(frozen=True)

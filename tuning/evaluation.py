@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from tuning.jsonl import known_label, read_records
 
 
 @dataclass(frozen=True)
@@ -19,24 +20,14 @@ class LabelledData:
 
 def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
     """JSONL lines {"text": ..., "label": ...}; a label must be a route or the default route."""
-    texts, labels, intents = [], [], []
     allowed_set = set(allowed)
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                text, label = row["text"], row["label"]
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{path}:{n}: expected {{\"text\": ..., \"label\": ...}}") from None
-            if label not in allowed_set:
-                raise ValueError(f"{path}:{n}: label {label!r} is not a route or the default route ({sorted(allowed_set)})")
-            texts.append(str(text))
-            labels.append(label)
-            intents.append(row.get("intent"))
-    if not texts:
-        raise ValueError(f"{path}: no examples")
+
+    def parse(row: dict) -> tuple[str, str, object]:
+        text, label = row["text"], row["label"]
+        return str(text), known_label(label, allowed_set), row.get("intent")
+
+    rows = read_records(path, parse, '{"text": ..., "label": ...}', "examples")
+    texts, labels, intents = (list(column) for column in zip(*rows))
     have_intents = all(isinstance(i, str) for i in intents)
     return LabelledData(texts, labels, [str(i) for i in intents] if have_intents else None)
 

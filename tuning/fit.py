@@ -131,9 +131,7 @@ def fit(
     notes = []
     truth = label_indices(config, labels)
     tuning = dict(objective=objective, min_default_recall=min_default_recall, per_route=per_route)
-    # Every threshold is tuned afresh, maybe on another scale (energy ones lie above 1, out of
-    # range for probability): the source's own would only stand in the way of the candidates.
-    config = dataclasses.replace(config, routes=tuple(dataclasses.replace(r, threshold=None) for r in config.routes))
+    source = config
     head = None
     if with_head:
         head, train_idx, tune_idx = _train_head(config, embeddings, labels, intents, holdout, seed)
@@ -141,18 +139,21 @@ def fit(
             f"head: {len(head.classes)} classes over {len(set(head.routes))} routes, trained on {len(train_idx)} "
             f"examples; thresholds tuned on {len(tune_idx)} held-out ones (default-route examples included)"
         )
-        candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
-            config.classifier, method="head", head_score=score)) for score in
-            (HEAD_SCORES if head_score is None else (head_score,))]
+        candidates = [_on_scale(config, dataclasses.replace(config.classifier, method="head", head_score=score))
+                      for score in (HEAD_SCORES if head_score is None else (head_score,))]
         config, thresholds = _best_of(candidates, encode, head, embeddings[tune_idx], truth[tune_idx], notes,
                                       lambda c: f"head_score={c.classifier.head_score}", **tuning)
     elif tune_top_k and config.classifier.method == "similarity":
-        candidates = [dataclasses.replace(config, classifier=dataclasses.replace(
-            config.classifier, top_k=k, aggregation="mean")) for k in TOP_K_CANDIDATES]
+        candidates = [_on_scale(config, dataclasses.replace(config.classifier, top_k=k, aggregation="mean"))
+                      for k in TOP_K_CANDIDATES]
         config, thresholds = _best_of(candidates, encode, None, embeddings, truth, notes,
                                       lambda c: f"top_k={c.classifier.top_k}", **tuning)
     else:
-        config, thresholds = _best_of([config], encode, None, embeddings, truth, notes, None, **tuning)
+        config, thresholds = _best_of([_on_scale(config, config.classifier)], encode, None, embeddings, truth,
+                                      notes, None, **tuning)
+    if source.conversation.gate is not None and config.conversation.gate is None:
+        notes.append(f"conversation.gate {source.conversation.gate} dropped: it was on another score scale "
+                     "(fit on conversations to choose one)")
     if with_head:
         # The thresholds are set; the head itself may now learn from every in-scope example.
         head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
@@ -160,6 +161,23 @@ def fit(
     routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
     config = dataclasses.replace(config, routes=routes)
     return FitResult(config, head, thresholds, notes)
+
+
+def _scale(cc: ClassifierConfig) -> str:
+    return cc.head_score if cc.method == "head" else "similarity"
+
+
+def _on_scale(source: RouterConfig, classifier: ClassifierConfig) -> RouterConfig:
+    """`source` under `classifier`, its route thresholds cleared: fit tunes each afresh. The values on
+    the score's scale that fit does not tune here (default_threshold, conversation.gate) stay only
+    when the scale does: a cosine or a probability means nothing as an energy, and an energy above
+    1 is out of range for the others."""
+    routes = tuple(dataclasses.replace(r, threshold=None) for r in source.routes)
+    if _scale(classifier) == _scale(source.classifier):
+        return dataclasses.replace(source, classifier=classifier, routes=routes)
+    return dataclasses.replace(source, classifier=classifier, routes=routes,
+                               default_threshold=RouterConfig.default_threshold,  # the field's default
+                               conversation=dataclasses.replace(source.conversation, gate=None))
 
 
 def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, embeddings: np.ndarray,
