@@ -101,6 +101,7 @@ class RouterServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
         FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
+        self.ext_proc.start()  # its worker process starts while the model loads
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
         # A pool's worker listens only once it can route: while it starts, its siblings take the

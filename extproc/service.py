@@ -75,6 +75,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.routing: tuple[RoutingEngine, FilterChain] | None = None
         self._bodies = BodyParser()
 
+    def start(self) -> None:
+        """Starts what serving needs beside the engine: the worker process for large bodies."""
+        self._bodies.start()
+
     def serve(self, engine: RoutingEngine, chain: FilterChain) -> None:
         self.routing = (engine, chain)
 

@@ -71,6 +71,7 @@ def test_harness_blocks_are_cut_from_turns_as_the_router_cuts_them(tmp_path):
     ({"messages": [{"role": "user", "content": "  "}], "labels": ["general"]}, "no user message with text"),
     ({"messages": [{"content": "hi"}], "labels": ["general"]}, "expected {\"messages\""),
     ({"messages": "hi", "labels": ["general"]}, "expected {\"messages\""),
+    ({"messages": [{"role": "user", "content": "hi"}], "labels": "general"}, "expected {\"messages\""),
 ])
 def test_a_bad_conversation_line_is_named(tmp_path, record, reason):
     path = write(tmp_path, record)

@@ -140,6 +140,39 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     asyncio.run(main())
 
 
+def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_when_killed():
+    # Started by the first large body, the worker's start-up counted against that request's
+    # deadline: under a CPU-bound neighbour the huge-prompt gateway test fell back to the default.
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from extproc.body_parser import BodyParser
+
+    large = ('{"model":"auto","x":"%s","messages":[{"role":"user","content":"solve 2x = 4"}]}' % ("y" * 4096)).encode()
+
+    async def main():
+        parser = BodyParser(inline_limit=1024)
+        try:
+            pid = await parser.start()
+            assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+            pool = parser._pool
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+            assert parser._pool is pool  # the started worker took it
+            os.kill(pid, signal.SIGKILL)
+            while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                time.sleep(0.01)
+            # The worker died: this body is parsed in-process, and a new worker is on its way.
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+            assert parser._pool is not None and parser._pool is not pool
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+        finally:
+            parser.close()
+
+    asyncio.run(main())
+
+
 # What is read from agent traffic: the user's own words, never tool calls, tool results or harness text.
 
 REMINDER = "<system-reminder>\nThe user opened utils.py. Todo list: empty.\n</system-reminder>"

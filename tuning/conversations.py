@@ -45,7 +45,9 @@ def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Seque
     def parse(row: dict) -> Dialogue:
         users = [m for m in row["messages"] if m["role"] == "user"]
         labels = row["labels"]
-        if not isinstance(labels, list) or len(labels) != len(users):
+        if not isinstance(labels, list):
+            raise TypeError("labels")
+        if len(labels) != len(users):
             raise BadRecord(f"{len(labels)} labels for {len(users)} user messages")
         kept = [(text, known_label(label, allowed_set)) for m, label in zip(users, labels)
                 if (text := content_text(m["content"], strip)) is not None]

@@ -54,7 +54,7 @@ def test_huge_prompt_is_truncated_and_still_routed(stack):
     body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "solve 3x + 5 = 20 " * 20000}]})
     r = post(stack, body.encode())
     assert r.status_code == 200
-    assert r.headers["x-semantic-route"] == "math"
+    assert (r.headers["x-semantic-route"], r.headers["x-semantic-route-reason"]) == ("math", "matched")
     assert r.json()["model"] == "math-model"
 
 
