@@ -318,9 +318,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     raw["classifier"] = classifier_section(result.config.classifier, head_path)
     if args.finetune:
         raw.setdefault("encoder", {})["model"] = args.out.with_suffix(".model").name  # beside the config
+    if result.config.default_threshold != config.default_threshold:  # reset by fit: on another score scale
+        raw["default_threshold"] = result.config.default_threshold
     if "conversation" in before:
         conversation = result.config.conversation
         raw["conversation"] = {"policy": conversation.policy, "max_turns": conversation.max_turns, "gate": conversation.gate}
+    elif result.config.conversation.gate is None and isinstance(raw.get("conversation"), dict):
+        raw["conversation"].pop("gate", None)  # dropped by fit: on another score scale
     # The source's leading comments (a data set's credit and license, say) stay with what is made from it.
     header = "".join(line + "\n" for line in itertools.takewhile(lambda l: l.startswith("#"), text.splitlines()))
     args.out.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))

@@ -25,10 +25,10 @@ class BodyParser:
 
     def start(self) -> asyncio.Future:
         """Starts the worker process now, off the request path; resolves to its pid. Started by the
-        first large body instead, the worker's start (a fresh interpreter importing the parser: 0.2 s
+        first large body instead, the worker's start (a fresh interpreter importing the parser: 0.3 s
         on an idle node, more on a busy one) counted against that request's deadline, which it missed
         under a CPU-bound neighbour."""
-        started = asyncio.get_running_loop().run_in_executor(self._executor(), os.getpid)
+        started = asyncio.get_running_loop().run_in_executor(self._executor(), _ready)
         started.add_done_callback(_log_failure)
         return started
 
@@ -56,6 +56,11 @@ class BodyParser:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _ready() -> int:
+    # Run in the worker, so that it imports this module, and with it the parser, before any body.
+    return os.getpid()
 
 
 def _log_failure(started: asyncio.Future) -> None:

@@ -69,6 +69,27 @@ def test_fit_head_writes_a_config_that_serves(data):
     assert json.loads(cls.stdout)["route"] in {"banking", "out_of_scope"}, cls.stdout + cls.stderr
 
 
+def test_refit_onto_another_score_scale_writes_a_config_that_loads(data, tmp_path):
+    # A hand-set energy default_threshold and gate (above 1) under a probability head: fit resets
+    # them, and the written file must say so, or it is refused at load.
+    fitted = yaml.safe_load((data / "clinc.yaml").read_text())
+    fitted["classifier"] = {"method": "head", "head_score": "energy"}
+    fitted["default_threshold"] = 7.0
+    fitted["conversation"] = {"policy": "track", "max_turns": 4, "gate": 9.0}
+    source = tmp_path / "energy.yaml"
+    source.write_text(yaml.safe_dump(fitted))
+    out_cfg = tmp_path / "probability.yaml"
+    out = cli("fit", "--config", str(source), "--data", str(data / "train.jsonl"), "--head", "--head-score",
+              "probability", "--out", str(out_cfg))
+    assert out.returncode == 0, out.stderr
+    assert "conversation.gate 9.0 dropped" in out.stdout
+    written = yaml.safe_load(out_cfg.read_text())
+    assert written["default_threshold"] == 0.5 and "gate" not in written["conversation"]
+    assert written["conversation"]["max_turns"] == 4  # the rest of the section stays
+    ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
+    assert ev.returncode == 0, ev.stderr
+
+
 def test_eval_rejects_unknown_labels(data, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "hi", "label": "nope"}\n')
