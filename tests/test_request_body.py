@@ -140,6 +140,15 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     asyncio.run(main())
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is still running: neither reaped (gone) nor dead and unreaped (a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_when_killed():
     # Started by the first large body, the worker's start-up counted against that request's
     # deadline: under a CPU-bound neighbour the huge-prompt gateway test fell back to the default.
@@ -161,7 +170,7 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
             assert parser._pool is pool  # the started worker took it
             os.kill(pid, signal.SIGKILL)
-            while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            while _running(pid):
                 time.sleep(0.01)
             # The worker died: this body is parsed in-process, and a new worker is on its way.
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
