@@ -28,8 +28,10 @@ class Backend(Protocol):
         (torch's intra-op thread count is per thread, for one) belong here."""
         ...
 
-    def warmup(self) -> None:
-        """Run representative shapes once so the first real batch is not slow."""
+    def warmup(self) -> Sequence[tuple[int, float]] | None:
+        """Run representative shapes once so the first real batch is not slow. May return (padded
+        tokens, seconds) of batches timed once warm, at two sizes or more: the cost model takes from
+        them how a batch's cost divides into fixed and per-token parts (BatchCostModel.calibrate)."""
         ...
 
 

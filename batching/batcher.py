@@ -270,7 +270,9 @@ class ContinuousBatcher:
             # On this thread, not the caller's: per-thread runtime state (torch's thread pool)
             # must be built where the batches will run.
             self.backend.prepare_thread()
-            self.backend.warmup()
+            timed = self.backend.warmup()
+            if timed:
+                self.cost.calibrate(timed)
         except Exception as exc:
             log.exception("backend warm-up failed")
             self._warm_failed = True

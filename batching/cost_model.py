@@ -2,11 +2,18 @@
 
 A least-squares line over recent batches, older ones fading geometrically, so the model follows
 the machine as it gets busier or quieter (a neighbour process, a CPU quota, thermal limits).
+Batches all of one size (an idle router sees singles) pin no slope: then the split between the
+fixed and per-token parts comes from the backend's warm-up (`calibrate`), and only the level from
+traffic. Without a calibration the whole cost is taken as per-token, which errs high: measured
+6-10x too high for a 256-token prompt after 12-token ones (python -m bench.long_prompt_cost).
 """
 
 from __future__ import annotations
 
 import threading
+
+
+CALIBRATED_SHARE = 0.5  # of the warm-up's fixed part that predictions count as fixed (calibrate)
 
 
 class BatchCostModel:
@@ -21,6 +28,7 @@ class BatchCostModel:
         self._n = 0
         self._fixed = 0.0
         self._per_token = 0.0
+        self._overhead = 0.0  # the fixed part in tokens' worth (calibrate); 0: all per-token
 
     @property
     def ready(self) -> bool:
@@ -35,7 +43,32 @@ class BatchCostModel:
             for i, v in enumerate((1.0, x, x * x, y, x * y)):
                 s[i] = s[i] * f + v
             self._n += 1
-            self._fixed, self._per_token = _fit(s)
+            self._fixed, self._per_token = _fit(s, self._overhead)
+
+    def calibrate(self, timed) -> None:
+        """(padded tokens, seconds) of warm batches at two sizes or more: keeps only how the cost
+        divides (the fixed part as so many tokens' worth, CALIBRATED_SHARE of it), since the level
+        moves with the load."""
+        timed = list(timed)
+        if len({x for x, _ in timed}) < 2:
+            return
+        s = [0.0] * 5
+        for x, y in timed:
+            for i, v in enumerate((1.0, x, x * x, y, x * y)):
+                s[i] += v
+        fixed, per_token = _line(s)
+        with self._lock:
+            # Half of it: contention slows the per-token part more than the fixed one (the bundled
+            # model here: 31 tokens' worth alone, 18 beside two CPU-bound neighbours), and a
+            # prediction that errs low lets a batch finish after its deadline.
+            self._overhead = CALIBRATED_SHARE * fixed / per_token if fixed > 0 and per_token > 0 else 0.0
+            if self._n:
+                self._fixed, self._per_token = _fit(self._s, self._overhead)
+
+    @property
+    def overhead_tokens(self) -> float:
+        """The calibrated fixed part of a batch's cost, in tokens' worth (0: uncalibrated)."""
+        return self._overhead
 
     def predict(self, padded_tokens: float) -> float:
         """Seconds for one batch of `padded_tokens`; 0 before the model is ready."""
@@ -56,16 +89,26 @@ class BatchCostModel:
         return self._fixed, self._per_token
 
 
-def _fit(s: list[float]) -> tuple[float, float]:
+def _line(s: list[float]) -> tuple[float, float]:
+    """The weighted least-squares line (fixed, per_token); (nan, nan) when the sizes do not vary."""
     w, sx, sxx, sy, sxy = s
     det = w * sxx - sx * sx
-    mean_x, mean_y = sx / w, sy / w
-    # The whole cost taken as proportional to size: errs towards predicting too much, not too little.
-    proportional = (0.0, mean_y / mean_x if mean_x > 0 else 0.0)
-    if det <= 1e-9 * max(1.0, w * sxx):  # batches all of one size (an idle router sees singles) pin no slope
-        return proportional
+    if det <= 1e-9 * max(1.0, w * sxx):
+        return float("nan"), float("nan")
     per_token = (w * sxy - sx * sy) / det
-    fixed = (sy - per_token * sx) / w
+    return (sy - per_token * sx) / w, per_token
+
+
+def _fit(s: list[float], overhead: float = 0.0) -> tuple[float, float]:
+    w, sx, _, sy, _ = s
+    mean_x, mean_y = sx / w, sy / w
+    # The calibrated split, at the level traffic shows; with no calibration the whole cost taken as
+    # proportional to size: errs towards predicting too much, not too little.
+    per = mean_y / (mean_x + overhead) if mean_x + overhead > 0 else 0.0
+    shaped = (overhead * per, per)
+    fixed, per_token = _line(s)
+    if fixed != fixed:  # batches all of one size (an idle router sees singles) pin no slope
+        return shaped
     if per_token < 0:  # noise can tilt the line; a batch never gets cheaper with more tokens
         return mean_y, 0.0
-    return proportional if fixed < 0 else (fixed, per_token)
+    return shaped if fixed < 0 else (fixed, per_token)

@@ -157,7 +157,7 @@ class SentenceEncoder:
             out[chunk] = self.embed([ids[i] for i in chunk])
         return out
 
-    def warmup(self) -> None:
+    def warmup(self) -> list[tuple[int, float]]:
         self.prepare_thread()
         # Representative shapes: single short request, a full short batch, a long one; with every
         # thread count the tuner may pick, so each is ready (and its pool built) before traffic.
@@ -167,8 +167,17 @@ class SentenceEncoder:
             for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
                 self._embed([[self.pad_id + 1] * length] * n, length)
         self.prepare_thread()
-        if self.device.startswith("cuda"):
-            self._torch.cuda.synchronize()
+        # Then a short and a long single, warm, interleaved, the fastest of five each: how the
+        # cost splits into fixed and per-token parts, which traffic of one shape cannot show.
+        best: dict[int, float] = {}
+        for _ in range(5):
+            for length in (16, self.max_seq_length):
+                t0 = time.perf_counter()
+                self._embed([[self.pad_id + 1] * length], length)
+                if self.device.startswith("cuda"):
+                    self._torch.cuda.synchronize()
+                best[length] = min(best.get(length, float("inf")), time.perf_counter() - t0)
+        return sorted(best.items())
 
 
 def sentence_embeddings(model, input_ids, attention_mask):

@@ -465,3 +465,32 @@ def test_failed_batch_of_one_is_not_reported_as_retried(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("embedding failed" in m for m in messages), messages
     assert not any("retrying singly" in m for m in messages), messages
+
+
+class CalibratedBackend(FakeBackend):
+    def warmup(self):
+        # Warm singles of 16 and 256 tokens: 6.6 ms fixed, 0.18 ms a token (the bundled model here).
+        return [(16, 0.0066 + 16 * 0.00018), (256, 0.0066 + 256 * 0.00018)]
+
+
+@pytest.mark.parametrize("backend_type, computed", [(FakeBackend, False), (CalibratedBackend, True)])
+def test_a_long_prompt_after_short_ones_is_judged_by_the_warm_up_calibration(backend_type, computed):
+    # Uncalibrated, 12-token singles at 0.15 s make a 256-token prompt cost 3.2 s (all per-token):
+    # refused as late with 2 s left. Calibrated, half the warm-up's fixed part counts: 1.4 s, computed.
+    async def main():
+        backend = backend_type()
+        b, obs = await start_batcher(backend)
+        await b.started()
+        assert (b.cost.overhead_tokens > 0) is computed
+        for _ in range(5):
+            b.cost.observe(12, 0.15)
+        long = " ".join(f"w{i}" for i in range(254))  # 256 tokens with the fake's two markers
+        try:
+            await b.embed(long, time.monotonic() + 2.0)
+            outcome = True
+        except WouldMissDeadline:
+            outcome = False
+        assert outcome is computed, obs.dropped
+        await b.aclose()
+
+    asyncio.run(main())

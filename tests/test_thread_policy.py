@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from batching.cost_model import BatchCostModel
+from batching.cost_model import CALIBRATED_SHARE, BatchCostModel
 from model.cpu_quota import CpuBudget, detect
 from model.thread_policy import ThreadTuner, candidates
 
@@ -117,3 +117,40 @@ def test_cost_model_with_one_batch_shape_errs_high_not_low():
         m.observe(12, 0.008)  # an idle router sees singles only
     assert m.predict(12) == 0.008 or abs(m.predict(12) - 0.008) < 1e-9
     assert m.predict(768) >= 0.008 * 64 * 0.99  # proportional: never below what a bigger batch costs
+
+
+def test_a_calibrated_cost_model_extrapolates_one_batch_shape_by_the_calibrated_split():
+    # Warm singles of 16 and 256 tokens: 6.6 ms fixed, 0.18 ms a token (what the bundled model
+    # measured here). Traffic then shows only 12-token singles, at whatever level the load sets.
+    m = BatchCostModel()
+    m.calibrate([(16, 0.0066 + 16 * 0.00018), (256, 0.0066 + 256 * 0.00018)])
+    assert abs(m.overhead_tokens - CALIBRATED_SHARE * 0.0066 / 0.00018) < 1e-6
+    for _ in range(5):
+        m.observe(12, 0.015)  # a neighbour slows everything by about 1.7x
+    assert abs(m.predict(12) - 0.015) < 1e-9  # the level is the traffic's
+    expected = 0.015 * (256 + m.overhead_tokens) / (12 + m.overhead_tokens)
+    assert abs(m.predict(256) - expected) < 1e-9
+    assert m.predict(256) < 0.015 * 256 / 12 / 2  # the uncalibrated guess was over twice this
+    # Traffic of several sizes still speaks for itself.
+    for tokens in (10, 100, 400, 50, 800, 200):
+        m.observe(tokens, 0.005 + 0.0002 * tokens)
+    assert abs(m.predict(1000) - 0.205) < 0.01
+
+
+def test_calibration_that_shows_no_split_is_ignored():
+    m = BatchCostModel()
+    m.calibrate([(16, 0.01)])  # one size
+    m.calibrate([(16, 0.02), (256, 0.01)])  # longer cheaper: noise, not a split
+    assert m.overhead_tokens == 0.0
+    for _ in range(5):
+        m.observe(12, 0.008)
+    assert m.predict(768) >= 0.008 * 64 * 0.99  # as uncalibrated: errs high
+
+
+def test_calibrating_after_traffic_takes_effect_at_once():
+    m = BatchCostModel()
+    for _ in range(5):
+        m.observe(12, 0.008)
+    before = m.predict(256)
+    m.calibrate([(16, 0.0096), (256, 0.0528)])
+    assert m.predict(256) < before / 2 and abs(m.predict(12) - 0.008) < 1e-9
