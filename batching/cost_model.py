@@ -5,11 +5,13 @@ the machine as it gets busier or quieter (a neighbour process, a CPU quota, ther
 Batches all of one size (an idle router sees singles) pin no slope: then the split between the
 fixed and per-token parts comes from the backend's warm-up (`calibrate`), and only the level from
 traffic. Without a calibration the whole cost is taken as per-token, which errs high: measured
-6-10x too high for a 256-token prompt after 12-token ones (python -m bench.long_prompt_cost).
+2.6-5.5x too high (median 4.4x) for a 256-token prompt after 12-token ones (python -m
+bench.long_prompt_cost); with it, 1.6x (median).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 
 
@@ -107,7 +109,7 @@ def _fit(s: list[float], overhead: float = 0.0) -> tuple[float, float]:
     per = mean_y / (mean_x + overhead) if mean_x + overhead > 0 else 0.0
     shaped = (overhead * per, per)
     fixed, per_token = _line(s)
-    if fixed != fixed:  # batches all of one size (an idle router sees singles) pin no slope
+    if math.isnan(fixed):  # batches all of one size (an idle router sees singles) pin no slope
         return shaped
     if per_token < 0:  # noise can tilt the line; a batch never gets cheaper with more tokens
         return mean_y, 0.0
