@@ -38,14 +38,10 @@ class BatchCostModel:
         return self._n >= self._min
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
-        x, y = float(padded_tokens), float(seconds)
         with self._lock:
-            f = self._forget
-            s = self._s
-            for i, v in enumerate((1.0, x, x * x, y, x * y)):
-                s[i] = s[i] * f + v
+            _accumulate(self._s, padded_tokens, seconds, self._forget)
             self._n += 1
-            self._fixed, self._per_token = _fit(s, self._overhead)
+            self._fixed, self._per_token = _fit(self._s, self._overhead)
 
     def calibrate(self, timed) -> None:
         """(padded tokens, seconds) of warm batches at two sizes or more: keeps only how the cost
@@ -56,8 +52,7 @@ class BatchCostModel:
             return
         s = [0.0] * 5
         for x, y in timed:
-            for i, v in enumerate((1.0, x, x * x, y, x * y)):
-                s[i] += v
+            _accumulate(s, x, y)
         fixed, per_token = _line(s)
         with self._lock:
             # Half of it: contention slows the per-token part more than the fixed one (the bundled
@@ -89,6 +84,13 @@ class BatchCostModel:
     @property
     def coefficients(self) -> tuple[float, float]:
         return self._fixed, self._per_token
+
+
+def _accumulate(s: list[float], tokens: float, seconds: float, forget: float = 1.0) -> None:
+    """Adds one batch to the sums of the 2x2 normal equations, the earlier ones weighed by `forget`."""
+    x, y = float(tokens), float(seconds)
+    for i, v in enumerate((1.0, x, x * x, y, x * y)):
+        s[i] = s[i] * forget + v
 
 
 def _line(s: list[float]) -> tuple[float, float]:

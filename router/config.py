@@ -136,9 +136,14 @@ class ClassifierConfig:
         _require(self.head_epochs >= 1, "head_epochs", "must be at least 1")
 
     @property
+    def scale(self) -> str:
+        """What scores (and so thresholds and the conversation gate) measure: similarity, probability or energy."""
+        return self.head_score if self.method == "head" else "similarity"
+
+    @property
     def bounded(self) -> bool:
-        """Whether scores (and so thresholds and the conversation gate) lie in [-1, 1]."""
-        return not (self.method == "head" and self.head_score == "energy")
+        """Whether scores lie in [-1, 1]."""
+        return self.scale != "energy"
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,6 @@ class LinearHead:
     def logits(self, embeddings: np.ndarray) -> np.ndarray:
         return embeddings @ self.weight.T + self.bias
 
-    def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
-        """Softmax probabilities, (n, classes) for (n, dim) input or (classes,) for one vector."""
-        logits = self.logits(embeddings)
-        logits = logits - logits.max(axis=-1, keepdims=True)
-        e = np.exp(logits)
-        return e / e.sum(axis=-1, keepdims=True)
-
     def save(self, path: str | Path) -> None:
         np.savez(path, classes=np.asarray(self.classes), routes=np.asarray(self.routes), weight=self.weight, bias=self.bias)
 

@@ -95,7 +95,7 @@ def test_head_saved_and_loaded(tmp_path):
     head.save(path)
     loaded = LinearHead.load(path)
     assert loaded.routes == ("math", "code")
-    np.testing.assert_allclose(loaded.probabilities(x), head.probabilities(x), rtol=1e-6)
+    np.testing.assert_allclose(loaded.logits(x), head.logits(x), rtol=1e-6)
     clf = RouteClassifier(config(classifier={"method": "head", "head_path": str(path)}, default_threshold=0.5), encode)
     assert clf.classify(unit(1, 0, 0)).route == "math"
 

@@ -163,17 +163,13 @@ def fit(
     return FitResult(config, head, thresholds, notes)
 
 
-def _scale(cc: ClassifierConfig) -> str:
-    return cc.head_score if cc.method == "head" else "similarity"
-
-
 def _on_scale(source: RouterConfig, classifier: ClassifierConfig) -> RouterConfig:
     """`source` under `classifier`, its route thresholds cleared: fit tunes each afresh. The values on
     the score's scale that fit does not tune here (default_threshold, conversation.gate) stay only
     when the scale does: a cosine or a probability means nothing as an energy, and an energy above
     1 is out of range for the others."""
     routes = tuple(dataclasses.replace(r, threshold=None) for r in source.routes)
-    if _scale(classifier) == _scale(source.classifier):
+    if classifier.scale == source.classifier.scale:
         return dataclasses.replace(source, classifier=classifier, routes=routes)
     return dataclasses.replace(source, classifier=classifier, routes=routes,
                                default_threshold=RouterConfig.default_threshold,  # the field's default

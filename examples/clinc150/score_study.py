@@ -36,8 +36,8 @@ from app.embedding import make_backend  # noqa: E402
 from router.classifier import RouteClassifier  # noqa: E402
 from router.config import RouterConfig, load_config  # noqa: E402
 from router.head import LinearHead, train_head  # noqa: E402
-from tuning.evaluation import SHIFTED_DEFAULT_SHARE, load_labelled  # noqa: E402
-from tuning.fit import TOP_K_CANDIDATES, label_indices, tune_thresholds  # noqa: E402
+from tuning.evaluation import load_labelled  # noqa: E402
+from tuning.fit import TOP_K_CANDIDATES, label_indices, objective_function, tune_thresholds  # noqa: E402
 
 
 def auroc(in_scope: np.ndarray, out_scope: np.ndarray) -> float:
@@ -72,15 +72,14 @@ def full_recipe(config: RouterConfig, train_path: Path, val_path: Path) -> dict:
     keep = [i for i, label in enumerate(train.labels) if label != default]
     x_train = encoder.encode([train.texts[i] for i in keep])
     intents = np.asarray([(train.intents or train.labels)[i] for i in keep])
-    logits = head.logits(x_val)
-    top = logits.max(axis=1)
-    energy = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    routes = sorted(set(head.routes))
     centroids = np.stack([x_train[intents == c].mean(axis=0) for c in sorted(set(intents))])
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     sims = x_val @ x_train.T
     scores = {
-        "probability (served)": np.exp(top - energy),
-        "energy (served)": energy,
+        # What the router serves: the top route's score decides against its threshold.
+        "probability (served)": head.route_scores(x_val, routes, "probability").max(axis=1),
+        "energy (served)": head.route_scores(x_val, routes, "energy").max(axis=1),
         "centroid": (x_val @ centroids.T).max(axis=1),
         "knn5": -np.partition(-sims, 4, axis=1)[:, :5].mean(axis=1),
     }
@@ -96,9 +95,10 @@ def _cross_fitted(classifier: RouteClassifier, scores: np.ndarray, truth: np.nda
     figures = []
     for tune, held in (halves, halves[::-1]):
         th = tune_thresholds(classifier, scores[tune], truth[tune])
-        hit = classifier.choose(scores[held], th) == truth[held]
-        in_scope, default = hit[truth[held] >= 0].mean(), hit[truth[held] < 0].mean()
-        figures.append((in_scope, default, (1 - SHIFTED_DEFAULT_SHARE) * in_scope + SHIFTED_DEFAULT_SHARE * default))
+        chosen = classifier.choose(scores[held], th)
+        hit = chosen == truth[held]
+        figures.append((hit[truth[held] >= 0].mean(), hit[truth[held] < 0].mean(),
+                        objective_function(truth[held], "shifted")(chosen)))
     in_scope, default, shifted = np.mean(figures, axis=0)
     return {"in_scope": round(float(in_scope), 4), "oos_recall": round(float(default), 4),
             "at_20pct_oos": round(float(shifted), 4)}
