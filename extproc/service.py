@@ -14,11 +14,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import replies
-from extproc.body_parser import BodyParser
+from extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from extproc.request_body import BadBody, peek_model, with_model
+from extproc.request_body import REFUSED, BadBody, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
@@ -162,8 +162,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             except BadBody as bad:
                 metrics.BAD_REQUESTS.labels(bad.kind).inc()
                 log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
-                if bad.kind == "duplicate_key":  # ambiguous to backends: refused, never forwarded
-                    return _refuse(400, f"Invalid request body: {bad}", "duplicate_key")
+                if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
+                    return _refuse(400, f"Invalid request body: {bad}", bad.kind)
                 response = self._answer(None, engine.default("invalid_body"), engine)
             else:
                 response = self._answer(ctx, await self._run_chain(ctx, engine, chain), engine)
@@ -175,13 +175,24 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         peeked at), but it still goes through the chain: size limits, model policy, pinning."""
         ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
                              deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
-        if len(raw) > engine.config.requests.max_body_bytes:
-            metrics.BAD_REQUESTS.labels("too_large").inc()
-            ctx.unread = "body_too_large"
-            ctx.requested_model, ctx.model_span = peek_model(raw)
+        try:
+            if len(raw) > engine.config.requests.max_body_bytes:
+                metrics.BAD_REQUESTS.labels("too_large").inc()
+                ctx.unread = "body_too_large"
+                ctx.requested_model, ctx.model_span = await self._bodies.scan_unread(raw, deadline)
+                return ctx
+            parsed = await self._bodies.parse(raw, stream.path, engine.config.requests,
+                                              engine.config.conversation.turns_read, deadline)
+        except ParseTimeout:
+            # Not read by the deadline (a costly shape, a busy parser): the chain still runs on
+            # what is known, so a filter that must examine every body can refuse it.
+            metrics.BAD_REQUESTS.labels("parse_timeout").inc()
+            ctx.unread = ctx.unread or "fallback_timeout"
             return ctx
-        parsed = await self._bodies.parse(raw, stream.path, engine.config.requests,
-                                          engine.config.conversation.turns_read)
+        except ParserUnavailable:
+            metrics.BAD_REQUESTS.labels("parser_failed").inc()
+            ctx.unread = ctx.unread or "fallback_error"
+            return ctx
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
         ctx.turns = parsed.turns
         return ctx

@@ -124,7 +124,7 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     dup = ('{"model":"auto","x":[%s],"model":"code-model"}' % filler).encode()
 
     async def main():
-        parser = BodyParser(inline_limit=1024)
+        parser = BodyParser(inline_bytes=1024)
         try:
             parsed = await parser.parse(good, "/v1/chat/completions", RequestsConfig())
             assert parser._pool is not None  # it went to the worker
@@ -162,7 +162,7 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
     large = ('{"model":"auto","x":"%s","messages":[{"role":"user","content":"solve 2x = 4"}]}' % ("y" * 4096)).encode()
 
     async def main():
-        parser = BodyParser(inline_limit=1024)
+        parser = BodyParser(inline_bytes=1024)
         try:
             pid = await parser.start()
             assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
@@ -172,7 +172,7 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             os.kill(pid, signal.SIGKILL)
             while _running(pid):
                 time.sleep(0.01)
-            # The worker died: this body is parsed in-process, and a new worker is on its way.
+            # The worker died: a new one takes this body (never the event loop).
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
             assert parser._pool is not None and parser._pool is not pool
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
