@@ -14,6 +14,8 @@ from aiohttp import web
 from extproc.request_body import peek_model
 
 NAME = web.AppKey("name", str)
+# Requests seen per `x-mock-key`, over every backend: how many attempts reached an upstream.
+ATTEMPTS: web.AppKey = web.AppKey("attempts", dict)
 
 # Request headers worth showing back, so tests can see what actually reached the backend.
 _ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length")
@@ -32,6 +34,12 @@ def _echo(request: web.Request, raw: bytes) -> dict:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     name = request.app[NAME]
     raw = await request.read()
+    key = request.headers.get("x-mock-key")
+    if key is not None:
+        request.app[ATTEMPTS][key] = request.app[ATTEMPTS].get(key, 0) + 1
+    if "x-mock-status" in request.headers:  # a failing backend, on request
+        return web.json_response({"error": {"message": "mock failure"}}, status=int(request.headers["x-mock-status"]),
+                                 headers={"x-mock-backend": name})
     if len(raw) > 256 * 1024:
         # Decoding megabytes here would stall every mock backend (they share one loop) and show
         # up as the gateway's latency in tests that send large bodies.
@@ -83,9 +91,10 @@ async def anything(request: web.Request) -> web.Response:
     return web.json_response({"mock": _echo(request, raw)}, headers={"x-mock-backend": request.app[NAME]})
 
 
-def make_app(name: str) -> web.Application:
+def make_app(name: str, attempts: dict | None = None) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[NAME] = name
+    app[ATTEMPTS] = {} if attempts is None else attempts
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_route("*", "/{tail:.*}", anything)
     return app
@@ -99,6 +108,7 @@ class MockBackends:
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._runners: list[web.AppRunner] = []
+        self.attempts: dict[str, int] = {}  # x-mock-key -> requests that reached any of them
         self._thread = threading.Thread(target=self._loop.run_forever, name="mock-backends", daemon=True)
 
     def start(self) -> None:
@@ -107,7 +117,7 @@ class MockBackends:
 
     async def _start(self) -> None:
         for name, port in self.ports.items():
-            runner = web.AppRunner(make_app(name), access_log=None)
+            runner = web.AppRunner(make_app(name, self.attempts), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, self.host, port).start()
             self._runners.append(runner)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from router.config import BackendConfig, RouterConfig
-from extproc.headers import ROUTER_HEADERS, SELECTED_MODEL, SHOWN_TO_CLIENTS
+from extproc.headers import LLM_PATHS, ROUTER_HEADERS, SELECTED_MODEL, SHOWN_TO_CLIENTS
 
 ROUTER_CLUSTER = "semantic_router"
 POOL_STREAMS_PER_CONNECTION = 8
@@ -52,17 +52,65 @@ def _cluster(name: str, host: str, port: int, connect_timeout: str) -> dict:
     }
 
 
-def _backend_cluster(b: BackendConfig) -> dict:
+def _backend_cluster(b: BackendConfig, ca_bundle: str) -> dict:
     cluster = _cluster(b.model, b.address, b.port, "1s")
     if b.tls:
+        # Verified: the certificate must chain to the CA bundle and name the server we asked for
+        # (without a validation context Envoy accepts any certificate, and prompts and clients'
+        # Authorization headers could be read by whoever answers at the address).
+        name = b.sni or b.address
         cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": b.sni or b.address,
+                "sni": name,
+                "common_tls_context": {"validation_context": {
+                    "trusted_ca": {"filename": b.ca_file or ca_bundle},
+                    "match_typed_subject_alt_names": [
+                        {"san_type": "IP_ADDRESS" if _is_ip(name) else "DNS", "matcher": {"exact": name}}],
+                }},
             },
         }
     return cluster
+
+
+def llm_path_regex() -> str:
+    """The routed paths as Envoy matches them (after its normalisation: merged slashes, escaped
+    slashes decoded): any case, any prefix, a trailing slash or `;params` (also escaped) allowed,
+    which is how the most lenient backend reads them (see service.canonical_path)."""
+    names = "|".join(p.removeprefix("/v1/") for p in LLM_PATHS)
+    return f"(?i)(/.*)?/v1/({names})/?((;|%3b).*)?"
+
+
+_EXT_PROC_OFF = {"envoy.filters.http.ext_proc": {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True}}
+NOT_FOUND = ('{"error":{"message":"Not found: this gateway serves only LLM API paths.",'
+             '"type":"invalid_request_error","param":null,"code":"not_found"}}')
+
+
+def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[dict]:
+    """LLM paths to the backend the router selected (the default backend when it selected none:
+    skipped, failed or down); listed passthrough prefixes to the default backend unexamined;
+    anything else a 404 from Envoy, so no request reaches a backend unseen by the router."""
+    upstream = f"{config.envoy.upstream_timeout_s:g}s"
+    default = {"cluster": config.default_route.model, "timeout": upstream}
+    llm = {"safe_regex": {"regex": llm_path_regex()}}
+    routes = [
+        {"match": {**llm, "headers": [{"name": SELECTED_MODEL, "string_match": {"exact": b.model}}]},
+         "route": {"cluster": b.model, "timeout": upstream}}
+        for b in backends
+    ]
+    routes.append({"match": llm, "route": default})
+    routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
+               for prefix in config.envoy.passthrough_paths]
+    routes.append({
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 404, "body": {"inline_string": NOT_FOUND}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
+                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "typed_per_filter_config": _EXT_PROC_OFF,
+    })
+    return routes
 
 
 def default_backends(config: RouterConfig, first_port: int = 8100) -> tuple[BackendConfig, ...]:
@@ -79,17 +127,6 @@ def render(config: RouterConfig) -> dict[str, Any]:
     if missing:
         raise ValueError(f"backends: no backend for model {missing[0]!r}")
     timeout = message_timeout_ms(config)
-    upstream = f"{e.upstream_timeout_s:g}s"
-    default_model = config.default_route.model
-    routes = [
-        {
-            "match": {"prefix": "/", "headers": [{"name": SELECTED_MODEL, "string_match": {"exact": b.model}}]},
-            "route": {"cluster": b.model, "timeout": upstream},
-        }
-        for b in backends
-    ]
-    # No (or an unknown) selection: the router skipped the request, failed, or is down.
-    routes.append({"match": {"prefix": "/"}, "route": {"cluster": default_model, "timeout": upstream}})
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -123,10 +160,17 @@ def render(config: RouterConfig) -> dict[str, Any]:
             "normalize_path": True,
             "merge_slashes": True,
             "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+            # The client address is the connection's peer (or the one `trusted_hops` proxies in
+            # front vouch for), never what a client writes into x-forwarded-for; so no client
+            # is internal, and Envoy drops every client's x-envoy-* control headers (retries,
+            # timeouts) and the router's headers.
+            "use_remote_address": True,
+            "xff_num_trusted_hops": e.trusted_hops,
             # No client address is internal, so internal_only_headers apply to everyone. An empty
-            # list is not enough: Envoy then treats private and loopback x-forwarded-for addresses
-            # as internal and keeps a client's routing headers (while the router is down, the
-            # client picks the backend). One documentation-only address (RFC 5737) no client has.
+            # list is not enough: Envoy then treats private and loopback addresses as internal and
+            # keeps a client's routing headers (while the router is down, the client picks the
+            # backend). One documentation-only address (RFC 5737) no peer has; a client writing
+            # it into x-forwarded-for is not believed (use_remote_address above).
             "internal_address_config": {"unix_sockets": False, "cidr_ranges": [
                 {"address_prefix": "192.0.2.1", "prefix_len": 32}]},
             "route_config": {
@@ -142,7 +186,7 @@ def render(config: RouterConfig) -> dict[str, Any]:
                             {"header": {"key": h, "value": f"%REQ({h})%"}, "keep_empty_value": False}
                             for h in SHOWN_TO_CLIENTS
                         ],
-                        "routes": routes,
+                        "routes": _routes(config, backends),
                     }
                 ],
             },
@@ -221,7 +265,7 @@ def render(config: RouterConfig) -> dict[str, Any]:
                     "filter_chains": [{"filters": [hcm]}],
                 }
             ],
-            "clusters": [router_cluster] + [_backend_cluster(b) for b in backends],
+            "clusters": [router_cluster] + [_backend_cluster(b, e.ca_bundle) for b in backends],
         },
     }
 

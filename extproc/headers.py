@@ -1,4 +1,5 @@
-"""The request headers the router owns: it sets them, Envoy routes on them, clients may not send them."""
+"""What the router and Envoy's config agree on: the request headers the router owns (it sets them,
+Envoy routes on them, clients may not send them) and the LLM API paths it routes."""
 
 SELECTED_MODEL = "x-selected-model"
 ROUTE = "x-semantic-route"
@@ -7,3 +8,7 @@ REASON = "x-semantic-route-reason"
 
 ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON)
 SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL)  # copied onto responses by Envoy
+
+# Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy
+# unless the config lists it in envoy.passthrough_paths.
+LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")

@@ -22,11 +22,10 @@ from extproc.request_body import REFUSED, BadBody, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
-from extproc.headers import REASON, ROUTE, SCORE, SELECTED_MODEL
+from extproc.headers import LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL
 
 log = logging.getLogger(__name__)
 
-LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 # Headers the body answer may add (the four router headers, content-length) plus one spare.
 HEADER_HEADROOM = 6
 
@@ -136,6 +135,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.BAD_REQUESTS.labels("too_many_headers").inc()
             return _refuse(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
                            "request_header_fields_too_large")
+        encoding = h.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Envoy inflates gzip, brotli and zstd before the router; anything still encoded
+            # cannot be read here, and would reach a backend (which inflates it) unexamined.
+            metrics.BAD_REQUESTS.labels("encoded").inc()
+            return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, zstd "
+                                "or uncompressed.", "unsupported_content_encoding")
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
@@ -151,22 +157,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         engine, chain = current
         deadline = stream.started + engine.config.server.deadline_ms / 1000.0
         raw = b"".join(stream.body)
-        encoding = stream.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity") and len(raw) <= engine.config.requests.max_body_bytes:
-            # A compressed body cannot be read without inflating it here; it goes on unrouted.
-            metrics.BAD_REQUESTS.labels("encoded").inc()
+        try:
+            ctx = await self._context(stream, raw, engine, deadline)
+        except BadBody as bad:
+            metrics.BAD_REQUESTS.labels(bad.kind).inc()
+            log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
+            if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
+                return _refuse(400, f"Invalid request body: {bad}", bad.kind)
             response = self._answer(None, engine.default("invalid_body"), engine)
         else:
-            try:
-                ctx = await self._context(stream, raw, engine, deadline)
-            except BadBody as bad:
-                metrics.BAD_REQUESTS.labels(bad.kind).inc()
-                log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
-                if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
-                    return _refuse(400, f"Invalid request body: {bad}", bad.kind)
-                response = self._answer(None, engine.default("invalid_body"), engine)
-            else:
-                response = self._answer(ctx, await self._run_chain(ctx, engine, chain), engine)
+            response = self._answer(ctx, await self._run_chain(ctx, engine, chain), engine)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         return response
 

@@ -224,9 +224,12 @@ class BackendConfig:
     port: int
     tls: bool = False
     sni: str | None = None  # TLS server name; defaults to the address
+    # CA bundle the backend's certificate must chain to; None: envoy.ca_bundle (the system's).
+    ca_file: str | None = None
 
     def __post_init__(self):
         _header_safe(self.model, "model")
+        _require(self.ca_file is None or self.tls, "ca_file", "needs tls: true")
         _require(1 <= self.port <= 65535, "port", "must be a port number")
 
 
@@ -250,8 +253,20 @@ class EnvoyConfig:
     # Envoy's heap bound for the overload manager: it resets the streams holding the most buffer
     # from 85% and stops taking requests at 95%. Keep it under the Envoy container's memory limit.
     max_heap_bytes: int = 384 * 1024 * 1024
+    # Proxies in front of Envoy that append to x-forwarded-for and are trusted to: 0 at the edge,
+    # where the client's own x-forwarded-for decides nothing (use_remote_address).
+    trusted_hops: int = 0
+    # Path prefixes (besides the LLM API paths) forwarded, unrouted, to the default backend;
+    # every other path gets a 404 from the gateway.
+    passthrough_paths: tuple[str, ...] = ()
+    # Certificates of TLS backends are verified against this bundle (Debian's system bundle).
+    ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"
 
     def __post_init__(self):
+        _require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
+        for i, prefix in enumerate(self.passthrough_paths):
+            _require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,
+                     f"passthrough_paths[{i}]", "must be a path starting with '/'")
         _require(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
         _require(self.max_heap_bytes >= 64 * 1024 * 1024, "max_heap_bytes", "must be at least 64 MiB")
         _require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")

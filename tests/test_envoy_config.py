@@ -11,7 +11,7 @@ import yaml
 
 from devstack.envoy_binary import find_envoy
 from router.config import BackendConfig, load_config
-from extproc.envoy_config import message_timeout_ms, render, render_yaml
+from extproc.envoy_config import llm_path_regex, message_timeout_ms, render, render_yaml
 from tests.conftest import ROOT
 
 # (router config, the Envoy config committed beside it)
@@ -56,17 +56,50 @@ def test_tls_dns_backends_and_derived_timeouts_validate(tmp_path):
         ),
     )
     doc = render(cfg)
-    ext_proc = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
+    ext_proc = http_filters(doc)["envoy.filters.http.ext_proc"]
     assert ext_proc["typed_config"]["failure_mode_allow"] is True
     assert ext_proc["typed_config"]["message_timeout"] == f"{message_timeout_ms(cfg) / 1000:.3f}s"
     assert message_timeout_ms(cfg) > cfg.server.deadline_ms
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
     assert clusters["general-model"]["type"] == "STRICT_DNS"
-    assert clusters["general-model"]["transport_socket"]["typed_config"]["sni"] == "api.example.internal"
+    tls = clusters["general-model"]["transport_socket"]["typed_config"]
+    assert tls["sni"] == "api.example.internal"
+    assert tls["common_tls_context"]["validation_context"] == {  # verified: the system's CAs, the SNI's name
+        "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"},
+        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "api.example.internal"}}]}
     assert clusters["math-model"]["type"] == "STATIC" and "transport_socket" not in clusters["math-model"]
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(cfg))
     envoy_validate(path)
+
+
+def http_filters(doc) -> dict:
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return {f["name"]: f for f in hcm["http_filters"]}
+
+
+def test_the_edge_trusts_no_client_address_and_refuses_other_paths(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, trusted_hops=1, passthrough_paths=("/v1/models",)))
+    doc = render(cfg)
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["use_remote_address"] is True and hcm["xff_num_trusted_hops"] == 1
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert routes[-1]["direct_response"]["status"] == 404 and routes[-1]["match"] == {"prefix": "/"}
+    assert routes[-2]["match"] == {"prefix": "/v1/models"} and routes[-2]["route"]["cluster"] == "general-model"
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)
+
+
+@pytest.mark.parametrize("path, routed", [
+    ("/v1/chat/completions", True), ("/V1/Chat/Completions/", True), ("/openai/v1/messages", True),
+    ("/v1/responses;x=1", True), ("/v1/completions%3Bx", True), ("/v1/embeddings", False),
+    ("/invocations", False), ("/api/chat", False), ("/generate", False), ("/v1/chat/completions/x", False),
+])
+def test_llm_path_regex(path, routed):
+    import re
+    assert bool(re.fullmatch(llm_path_regex().removeprefix("(?i)"), path, re.I)) is routed
 
 
 def test_cli_backend_flags_and_errors(tmp_path):

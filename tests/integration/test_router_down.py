@@ -35,7 +35,10 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
     spoofs = [{"x-selected-model": "math-model"}]
     # Addresses Envoy would otherwise take as internal (private, loopback) must not make a
     # client's routing headers trusted either.
-    spoofs += [{"x-selected-model": "code-model", "x-forwarded-for": ip} for ip in ("10.0.0.1", "127.0.0.1", "192.168.1.5")]
+    # 192.0.2.1 is the one address the rendered config calls internal: a client claiming it in
+    # x-forwarded-for is not believed either (use_remote_address).
+    spoofs += [{"x-selected-model": "code-model", "x-forwarded-for": ip}
+               for ip in ("10.0.0.1", "127.0.0.1", "192.168.1.5", "192.0.2.1")]
     for i in range(20):
         spoof = spoofs[i % len(spoofs)]
         r = post(own_stack, MATH, spoof)

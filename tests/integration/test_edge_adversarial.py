@@ -1,0 +1,118 @@
+"""What one client sends cannot switch routing or the guard off for others, reach a backend
+unexamined, or pick its backend: through the real Envoy, on the guarded stack."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import uuid
+
+import brotli
+import httpx
+import pytest
+import zstandard
+
+from tests.integration.conftest import GUARDED, metric, scrape
+
+CHAT = "/v1/chat/completions"
+MATH = {"model": "auto", "messages": [{"role": "user", "content": "solve the equation 3x + 4 = 19"}]}
+
+
+def post(stack, body: bytes, path: str = CHAT, headers=None) -> httpx.Response:
+    return httpx.post(f"{stack.url}{path}", content=body, timeout=30,
+                      headers={"content-type": "application/json", **(headers or {})})
+
+
+def many_keys(n: int) -> bytes:
+    """One message object of `n` keys, one of them repeated: a quadratic duplicate search made
+    three of these hold the event loop for tens of seconds (Envoy then let everything through)."""
+    keys = ",".join(f'"k{i}":1' for i in range(n))
+    return ('{"model":"auto","messages":[{%s,"k0":0,"role":"user","content":"hi"}]}' % keys).encode()
+
+
+def test_costly_bodies_beside_ordinary_traffic_leave_it_routed(guarded_stack):
+    attack = [many_keys(24_000) for _ in range(3)]
+    assert all(240 * 1024 < len(a) < 256 * 1024 for a in attack)
+    # Near 1 MiB of empty objects: the costliest shape per byte, parsed in the worker.
+    slow = ('{"model":"auto","x":[%s],"messages":[]}' % ",".join(["{}"] * 340_000)).encode()
+    attacked: list[tuple[int, str]] = []
+
+    def attacker(body: bytes):
+        r = post(guarded_stack, body)
+        attacked.append((r.status_code, r.headers.get("x-semantic-route-reason") or r.json()["error"]["code"]))
+
+    threads = [threading.Thread(target=attacker, args=(b,)) for b in attack + [slow]]
+    for t in threads:
+        t.start()
+    ordinary = [post(guarded_stack, json.dumps(MATH).encode()) for _ in range(20)]
+    for t in threads:
+        t.join(timeout=60)
+    reasons = [r.headers.get("x-semantic-route-reason") for r in ordinary]
+    assert reasons == ["matched"] * 20, reasons
+    assert all(r.headers["x-mock-backend"] == "math-model" for r in ordinary)
+    # Each got the router's own answer, never Envoy's fail-open: a repeated key refused, or, when
+    # the parser (one worker, shared by these four) could not get to it by its deadline, the
+    # default route with reason fallback_timeout (prompt_guard's on_error: block refuses those).
+    assert len(attacked) == 4, attacked
+    for status, reason in attacked:
+        assert (status, reason) == (400, "duplicate_key") or reason in ("no_prompt", "fallback_timeout"), attacked
+
+
+@pytest.mark.parametrize("encoding, compress", [
+    ("gzip", gzip.compress), ("br", brotli.compress), ("zstd", zstandard.ZstdCompressor().compress)])
+def test_compressed_bodies_are_routed_and_guarded_like_plain_ones(guarded_stack, encoding, compress):
+    routed = post(guarded_stack, compress(json.dumps(MATH).encode()), headers={"content-encoding": encoding})
+    assert routed.status_code == 200 and routed.headers["x-semantic-route-reason"] == "matched"
+    assert routed.headers["x-mock-backend"] == "math-model" and routed.json()["model"] == "math-model"
+    blocked = {"model": "auto", "messages": [{"role": "user", "content": GUARDED}]}
+    r = post(guarded_stack, compress(json.dumps(blocked).encode()),
+             headers={"content-encoding": encoding, "cache-control": "no-transform"})
+    assert r.status_code == 403 and "x-mock-backend" not in r.headers
+
+
+def test_a_body_still_encoded_is_refused_not_forwarded(guarded_stack):
+    before = scrape(guarded_stack.metrics_url)
+    for encoding, body in (("deflate", b"x\x9c\x03\x00\x00\x00\x00\x01"), ("gzip, gzip", gzip.compress(gzip.compress(b"{}")))):
+        r = post(guarded_stack, body, headers={"content-encoding": encoding})
+        assert r.status_code == 415, encoding
+        assert r.json()["error"]["code"] == "unsupported_content_encoding" and "x-mock-backend" not in r.headers
+    after = scrape(guarded_stack.metrics_url)
+    assert metric(after, "semantic_router_bad_requests_total", 'kind="encoded"') >= \
+        metric(before, "semantic_router_bad_requests_total", 'kind="encoded"') + 2
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/api/chat", "/generate", "/v1/embeddings", "/"])
+def test_only_llm_api_paths_reach_a_backend(guarded_stack, path):
+    key = uuid.uuid4().hex
+    r = post(guarded_stack, json.dumps(MATH).encode(), path=path, headers={"x-mock-key": key})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert "x-mock-backend" not in r.headers and key not in guarded_stack.backends.attempts
+
+
+def test_a_listed_passthrough_path_reaches_the_default_backend(guarded_stack):
+    r = httpx.get(f"{guarded_stack.url}/v1/models", timeout=10)
+    assert r.status_code == 200 and r.headers["x-mock-backend"] == "general-model"
+    assert r.json()["mock"]["path"] == "/v1/models"
+
+
+def test_a_model_repeated_after_the_parsing_limit_is_refused(guarded_stack):
+    # 4.1 MiB: above requests.max_body_bytes, so not parsed, only scanned; last-wins backends
+    # would serve `no-such-model`, which `unknown_model: reject` refuses.
+    pad = "x" * (4 * 1024 * 1024 + 100 * 1024)
+    body = ('{"model":"general-model","pad":"%s","messages":[{"role":"user","content":"hi"}],'
+            '"model":"no-such-model"}' % pad).encode()
+    r = post(guarded_stack, body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "duplicate_key"
+    assert "x-mock-backend" not in r.headers
+
+
+def test_a_clients_envoy_control_headers_are_ignored(guarded_stack):
+    # Asked for 5 retries (and a 1 ms timeout) from a "trusted" address, a failing backend still
+    # sees one attempt: each retry would replay the whole body to a GPU backend.
+    key = uuid.uuid4().hex
+    r = post(guarded_stack, json.dumps(MATH).encode(), headers={
+        "x-mock-key": key, "x-mock-status": "503", "x-forwarded-for": "192.0.2.1",
+        "x-envoy-retry-on": "5xx", "x-envoy-max-retries": "5", "x-envoy-upstream-rq-timeout-ms": "1"})
+    assert r.status_code == 503 and r.headers["x-mock-backend"] == "math-model"
+    assert guarded_stack.backends.attempts[key] == 1
