@@ -21,6 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
+from extproc.encodings import inflate
 from extproc.request_body import ParsedBody, from_summary, parse_body, scan_unread, structure, summarize
 from router.config import RequestsConfig
 
@@ -71,6 +72,11 @@ class BodyParser:
         if self.inline(raw):
             return scan_unread(raw)
         return await self._in_worker(scan_unread, (raw,), deadline)
+
+    async def inflate(self, raw: bytes, encoding: str, limit: int, deadline: float | None = None) -> bytes:
+        """The body inflated (encodings.inflate), always in the worker: a few bytes may inflate a
+        thousandfold."""
+        return await self._in_worker(inflate, (raw, encoding, limit), deadline)
 
     async def _in_worker(self, fn: Callable, args: tuple, deadline: float | None) -> Any:
         for attempt in (1, 2):

@@ -75,8 +75,9 @@ def body_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_body=pb.BodyResponse())
 
 
-def body_routed(headers: Mapping[str, str], new_body: bytes | None) -> pb.ProcessingResponse:
-    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=_set(headers)), clear_route_cache=True)
+def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=remove),
+                               clear_route_cache=True)
     if new_body is not None:
         common.body_mutation.body = new_body
     return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))

@@ -50,9 +50,8 @@ class ParsedBody:
         return self.turns[-1] if self.turns else None
 
 
-# Bodies refused outright (400) rather than routed to the default: backends would read them
-# differently from the router (a repeated key) or not at all (nesting past MAX_DEPTH).
-REFUSED = ("duplicate_key", "too_deep")
+# Kinds a scan never falls back from: the body is refused (extproc.service.REFUSED).
+_NO_FALLBACK = ("duplicate_key", "too_deep")
 
 
 class _DuplicateKey(ValueError):
@@ -292,7 +291,7 @@ def scan_unread(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
                 found = _model_at(text, start, end)
         return found
     except BadBody as bad:
-        if bad.kind in REFUSED:
+        if bad.kind in _NO_FALLBACK:
             raise
     except (ValueError, RecursionError):
         pass

@@ -13,12 +13,12 @@ from typing import AsyncIterator
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc import replies
+from extproc import encodings, replies
 from extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from extproc.request_body import REFUSED, BadBody, with_model
+from extproc.request_body import BadBody, with_model
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
@@ -41,6 +41,11 @@ def canonical_path(path: str) -> str:
     return re.sub("/+", "/", path).rstrip("/").lower()
 
 
+# Bodies refused outright, with their status, rather than routed to the default: backends would
+# read them differently from the router (a repeated key) or not at all.
+REFUSED = {"duplicate_key": 400, "too_deep": 400, "bad_encoding": 400, "inflated_too_large": 413}
+
+
 def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
     """An OpenAI-style error straight from the gateway; the request reaches no backend."""
     metrics.REQUESTS.labels("rejected").inc()
@@ -50,7 +55,7 @@ def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
 class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
-    __slots__ = ("started", "path", "method", "headers", "body")
+    __slots__ = ("started", "path", "method", "headers", "body", "encoding")
 
     def __init__(self):
         # The request's budget runs from the first message the router sees, not from the body:
@@ -60,6 +65,7 @@ class _Stream:
         self.method = ""
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []  # chunks; BUFFERED mode sends one, joined without a copy
+        self.encoding: str | None = None  # the body's content-encoding, one encodings.inflate reads
 
     @property
     def llm_call(self) -> bool:
@@ -137,11 +143,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                            "request_header_fields_too_large")
         encoding = h.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            # Envoy inflates gzip, brotli and zstd before the router; anything still encoded
-            # cannot be read here, and would reach a backend (which inflates it) unexamined.
-            metrics.BAD_REQUESTS.labels("encoded").inc()
-            return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, zstd "
-                                "or uncompressed.", "unsupported_content_encoding")
+            if not encodings.supported(encoding):
+                # Not readable here, and a backend that inflates it would get it unexamined.
+                metrics.BAD_REQUESTS.labels("encoded").inc()
+                return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, "
+                                    "zstd or uncompressed.", "unsupported_content_encoding")
+            stream.encoding = encoding
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
@@ -163,7 +170,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.BAD_REQUESTS.labels(bad.kind).inc()
             log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
             if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
-                return _refuse(400, f"Invalid request body: {bad}", bad.kind)
+                return _refuse(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
             response = self._answer(None, engine.default("invalid_body"), engine)
         else:
             response = self._answer(ctx, await self._run_chain(ctx, engine, chain), engine)
@@ -176,6 +183,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
                              deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
         try:
+            if stream.encoding is not None:
+                raw = await self._bodies.inflate(raw, stream.encoding, engine.config.envoy.max_request_bytes, deadline)
+                ctx.raw, ctx.body_bytes, ctx.inflated = raw, len(raw), True
             if len(raw) > engine.config.requests.max_body_bytes:
                 metrics.BAD_REQUESTS.labels("too_large").inc()
                 ctx.unread = "body_too_large"
@@ -246,13 +256,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 if ctx.rewrite_model and ctx.requested_model != decision.model and (
                         ctx.unread is None or ctx.model_span is not None):
                     new_body = with_model(ctx.raw, ctx.model_span, decision.model)
+            if ctx.inflated and new_body is None:
+                new_body = ctx.raw  # the backend reads the bytes the router read
         if new_body is not None:
             headers["content-length"] = str(len(new_body))
+        plain = ctx is not None and ctx.inflated
         if engine.config.log_prompts and ctx is not None:
             log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
         if at_headers:
             return replies.headers_routed(headers)
-        return replies.body_routed(headers, new_body)
+        return replies.body_routed(headers, new_body, remove=("content-encoding",) if plain else ())
 
     @staticmethod
     def _safe_extra(ctx: RequestContext) -> dict[str, str]:

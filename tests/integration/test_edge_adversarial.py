@@ -4,6 +4,7 @@ unexamined, or pick its backend: through the real Envoy, on the guarded stack.""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import threading
 import uuid
@@ -69,6 +70,20 @@ def test_compressed_bodies_are_routed_and_guarded_like_plain_ones(guarded_stack,
     r = post(guarded_stack, compress(json.dumps(blocked).encode()),
              headers={"content-encoding": encoding, "cache-control": "no-transform"})
     assert r.status_code == 403 and "x-mock-backend" not in r.headers
+
+
+def test_the_backend_reads_the_inflated_body_the_router_read(guarded_stack):
+    plain = json.dumps(MATH).encode()
+    r = post(guarded_stack, gzip.compress(plain), headers={"content-encoding": "gzip"})
+    sent = plain.replace(b'"auto"', b'"math-model"', 1)
+    assert r.json()["mock"]["body_sha256"] == hashlib.sha256(sent).hexdigest()
+    assert r.json()["mock"]["headers"]["content-length"] == str(len(sent))
+    assert "content-encoding" not in r.json()["mock"]["headers"]
+    # A bomb (50 MB of zeros in 48 KB) is refused at Envoy's body limit, a corrupt body as unreadable.
+    bomb = post(guarded_stack, gzip.compress(b"\0" * 50_000_000), headers={"content-encoding": "gzip"})
+    assert bomb.status_code == 413 and bomb.json()["error"]["code"] == "inflated_too_large"
+    corrupt = post(guarded_stack, gzip.compress(plain)[:-8], headers={"content-encoding": "gzip"})
+    assert corrupt.status_code == 400 and corrupt.json()["error"]["code"] == "bad_encoding"
 
 
 def test_a_body_still_encoded_is_refused_not_forwarded(guarded_stack):
