@@ -165,7 +165,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         deadline = stream.started + engine.config.server.deadline_ms / 1000.0
         raw = b"".join(stream.body)
         try:
-            ctx = await self._context(stream, raw, engine, deadline)
+            ctx = await self._context(stream, raw, engine, chain, deadline)
         except BadBody as bad:
             metrics.BAD_REQUESTS.labels(bad.kind).inc()
             log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
@@ -177,7 +177,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         metrics.PROCESSING.observe(time.perf_counter() - started)
         return response
 
-    async def _context(self, stream: _Stream, raw: bytes, engine: RoutingEngine, deadline: float) -> RequestContext:
+    async def _context(self, stream: _Stream, raw: bytes, engine: RoutingEngine, chain: FilterChain,
+                       deadline: float) -> RequestContext:
         """What the filters see. A body above requests.max_body_bytes is not read (only its model is
         peeked at), but it still goes through the chain: size limits, model policy, pinning."""
         ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
@@ -192,7 +193,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 ctx.requested_model, ctx.model_span = await self._bodies.scan_unread(raw, deadline)
                 return ctx
             parsed = await self._bodies.parse(raw, stream.path, engine.config.requests,
-                                              engine.config.conversation.turns_read, deadline)
+                                              engine.config.conversation.turns_read, deadline, chain.reads_all_text)
         except ParseTimeout:
             # Not read by the deadline (a costly shape, a busy parser): the chain still runs on
             # what is known, so a filter that must examine every body can refuse it.
@@ -204,7 +205,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             ctx.unread = ctx.unread or "fallback_error"
             return ctx
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
-        ctx.turns = parsed.turns
+        ctx.turns, ctx.guard_pieces = parsed.turns, parsed.guard
         return ctx
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:

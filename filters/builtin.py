@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -10,7 +11,8 @@ from typing import Literal
 
 import numpy as np
 
-from filters.context import ImmediateReply, RequestContext
+from filters.context import GUARD_MAX_PIECES, ImmediateReply, RequestContext
+from router import metrics
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.settings_loader import SettingError, build
 
@@ -96,22 +98,35 @@ class PromptGuardSettings:
     threshold: float = 0.8
     action: Literal["block", "tag"] = "block"
     header: str = "x-prompt-guard"
+    # When the guard cannot decide (the body was not read, the model is overloaded or failed, more
+    # pieces than max_pieces): `allow` lets the request on (routed as usual, which says why),
+    # `block` refuses it (403, code prompt_guard_unavailable).
+    on_error: Literal["allow", "block"] = "allow"
+    # Pieces scored per request: a 30 KB agent system prompt is ~800 (sentences and pairs), embedded
+    # once and then read from the embedding cache (`cache_size`: keep it above what traffic repeats).
+    max_pieces: int = 2048
 
     def __post_init__(self):
         if not self.exemplars:
             raise SettingError("exemplars", "needs at least one blocked exemplar")
         if not -1.0 <= self.threshold <= 1.0:
             raise SettingError("threshold", "must be between -1 and 1")
+        if not 1 <= self.max_pieces <= GUARD_MAX_PIECES:
+            raise SettingError("max_pieces", f"must be between 1 and {GUARD_MAX_PIECES}")
 
 
 class PromptGuard:
-    """Blocks (403) or tags prompts whose embedding is close to a blocked exemplar.
+    """Blocks (403) or tags requests any of whose text is close to a blocked exemplar.
 
-    Uses the same prompt embedding as routing (computed once). Fails open: without an embedding
-    (overload, deadline, shutdown, a model error) the request is routed as usual, which reports why.
+    It reads what the backend model reads: every role's messages, system prompts, tool results and
+    arguments, harness blocks (their markup cut; routing cuts the whole block), each split into
+    pieces scored on their own (request_body.guard_pieces), so an injection is neither diluted by
+    filler nor truncated away, wherever it sits. Pieces are embedded through the shared batcher
+    and cache (the request's own prompt among them costs routing nothing more).
     """
 
     name = "prompt_guard"
+    reads_all_text = True
 
     def __init__(self, settings: dict | None = None):
         self.settings = build(PromptGuardSettings, settings, f"filter_settings.{self.name}")
@@ -124,13 +139,31 @@ class PromptGuard:
         self._exemplars = np.stack(vectors)
 
     async def __call__(self, ctx: RequestContext) -> None:
-        if ctx.prompt is None or self._exemplars is None:
+        if self._exemplars is None:
             return
-        try:
-            embedding = await ctx.embedding()
-        except RoutingUnavailable:  # overload, deadline, shutdown or a model failure: fail open
+        if ctx.unread is not None:
+            return self._undecided(ctx, ctx.unread)
+        pieces = ctx.guard_pieces
+        if not pieces:
             return
-        score = float((self._exemplars @ embedding).max())
+        if len(pieces) > self.settings.max_pieces:
+            return self._undecided(ctx, "too_many_pieces")
+        cache = ctx.engine.cache
+        found = [cache.peek(p) for p in pieces]
+        missing = [i for i, vector in enumerate(found) if vector is None]
+        computed = await asyncio.gather(
+            *(ctx.embedding() if pieces[i] == ctx.prompt else ctx.engine.embed(pieces[i], ctx.deadline)
+              for i in missing),
+            return_exceptions=True)
+        for i, vector in zip(missing, computed):
+            found[i] = vector
+        failed = next((f for f in computed if isinstance(f, BaseException)), None)
+        if failed is not None:
+            if not isinstance(failed, RoutingUnavailable):
+                raise failed
+            ctx.remember_failure(failed)  # routing would meet the same deadline, overload or model error
+            return self._undecided(ctx, failed.reason)
+        score = float((np.stack(found) @ self._exemplars.T).max())
         if score < self.settings.threshold:
             return
         if self.settings.action == "tag":
@@ -140,3 +173,10 @@ class PromptGuard:
                 403, "This request was blocked by the gateway's prompt policy.", "content_policy_violation",
                 kind="content_filter",
             )
+
+    def _undecided(self, ctx: RequestContext, why: str) -> None:
+        metrics.GUARD_UNDECIDED.labels(why, self.settings.on_error).inc()
+        if self.settings.on_error == "block":
+            ctx.immediate = openai_error(
+                403, "The gateway's prompt policy could not examine this request; retry later.",
+                "prompt_guard_unavailable", kind="content_filter")

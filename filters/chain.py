@@ -41,6 +41,9 @@ def available_filters() -> dict[str, Callable[[], Factory]]:
 class FilterChain:
     def __init__(self, filters: Sequence[Filter]):
         self.filters = list(filters)
+        # A filter that reads every text the backend model reads (not only the user's turns) says
+        # so with `reads_all_text = True`; the parser then splits those texts for it.
+        self.reads_all_text = any(getattr(f, "reads_all_text", False) for f in self.filters)
 
     @classmethod
     def from_config(cls, names: Sequence[str], settings: Mapping[str, Any]) -> "FilterChain":

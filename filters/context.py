@@ -12,6 +12,11 @@ from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 
 
+# The most pieces the parser splits a request's texts into for a filter that reads them all;
+# past it the parser stops, and such a filter cannot decide.
+GUARD_MAX_PIECES = 4096
+
+
 @dataclass
 class ImmediateReply:
     """Answer the client directly; the request never reaches a backend."""
@@ -31,6 +36,9 @@ class RequestContext:
     engine: RoutingEngine
     body_bytes: int = 0
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
+    # Every text the backend model reads, in pieces (request_body.guard_pieces), for filters with
+    # reads_all_text; more than GUARD_MAX_PIECES: the parser stopped splitting.
+    guard_pieces: tuple[str, ...] = ()
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.
     unread: str | None = None
@@ -48,6 +56,12 @@ class RequestContext:
     def prompt(self) -> str | None:
         """The request's own prompt (its last user turn): what prompt filters read."""
         return self.turns[-1] if self.turns else None
+
+    def remember_failure(self, failure: RoutingUnavailable) -> None:
+        """A filter's own embedding failed: the prompt's is taken as failed too (if not yet
+        computed), so the request neither resubmits its text nor waits again."""
+        if self._embedding is None:
+            self._embedding = failure
 
     async def embedding(self) -> np.ndarray:
         """The prompt's embedding, asked of the engine once: a failure is remembered like a result,

@@ -71,6 +71,15 @@ class EmbeddingCache:
         finally:
             flight.waiters -= 1
 
+    def peek(self, text: str) -> np.ndarray | None:
+        """The cached embedding of `text`, without a coroutine: for callers with many texts, most
+        of them cached (the prompt guard's pieces of a long conversation)."""
+        hit = self._data.get(_key(text)) if self.size > 0 else None
+        if hit is not None:
+            self._data.move_to_end(_key(text))
+            metrics.EMBEDDING_CACHE.labels("hit").inc()
+        return hit
+
     def resize(self, size: int) -> None:
         self.size = size
         self._trim()

@@ -18,6 +18,11 @@ PROCESSING = Histogram(
     "semantic_router_processing_seconds", "Time from request body received to ext_proc answer.", buckets=_LATENCY
 )
 BAD_REQUESTS = Counter("semantic_router_bad_requests_total", "Request bodies that could not be used, by kind.", ["kind"])
+GUARD_UNDECIDED = Counter(
+    "semantic_router_prompt_guard_undecided_total",
+    "Requests the prompt guard could not examine (unread body, model unavailable, too many pieces), by what it did.",
+    ["reason", "action"],
+)
 FILTER_FAILURES = Counter(
     "semantic_router_filter_failures_total",
     "Filter chains that timed out or raised (fallback_timeout|fallback_error); a decision made before stands.",
