@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
+.PHONY: run test tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,19 @@ $(INFINITY): requirements-infinity.lock
 
 infinity: $(INFINITY)
 
-test: $(STAMP) tools $(INFINITY)
+# What the image installs, without Docker: a fresh venv from the runtime lock (hash-checked; torch
+# is this machine's CPU build, as the image's cpu variant takes it from the PyTorch CPU index).
+# tests/test_image.py installs the image's copied tree into it and serves from it.
+IMAGE_VENV := build/image-venv/.installed
+$(IMAGE_VENV): requirements-runtime.lock
+	rm -rf build/image-venv && $(PYTHON) -m venv build/image-venv
+	build/image-venv/bin/python -m pip install --quiet torch==2.13.0
+	build/image-venv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-runtime.lock
+	touch $(IMAGE_VENV)
+
+image-venv: $(IMAGE_VENV)
+
+test: $(STAMP) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP) tools

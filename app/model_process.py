@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from app import process_watch
 from app.lifecycle import serve_until_signal
@@ -38,7 +42,8 @@ class ModelProcess:
         gc.freeze()  # see RouterServer.start: the model's objects are never scanned again
         remote = self.config.encoder.remote
         info = {"model": remote.model if remote else self.config.encoder.model,
-                "dimension": getattr(backend, "dimension", None), "device": getattr(backend, "device", "n/a")}
+                "dimension": getattr(backend, "dimension", None), "device": getattr(backend, "device", "n/a"),
+                "fingerprint": await fingerprint(self.batcher)}
         self.server = ModelSocketServer(self.batcher, self.socket_path, info)
         await self.server.start()
         self._watches = [asyncio.create_task(process_watch.update_process_gauges("model")),
@@ -57,3 +62,13 @@ class ModelProcess:
     async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
                                signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
         await serve_until_signal(self, lambda: f"model ready socket={self.socket_path}", on_ready, signals)
+
+
+FINGERPRINT_TEXT = "semantic-router model fingerprint: the quick brown fox jumps over the lazy dog"
+
+
+async def fingerprint(batcher) -> str:
+    """Which model this is, by what it does: a hash of its (rounded) embedding of a fixed text. A
+    front end that built its routes on one model refuses another (modelsock.client)."""
+    vector = await batcher.embed(FINGERPRINT_TEXT, time.monotonic() + 60.0)
+    return hashlib.sha256(np.round(np.asarray(vector, dtype=np.float32), 3).tobytes()).hexdigest()[:16]

@@ -110,6 +110,8 @@ class ContinuousBatcher:
         """The embedding of `text`, or BatcherError; never waits past `deadline` (monotonic)."""
         if self._closing:
             raise BatcherClosed("batcher is shutting down")
+        if not math.isfinite(deadline):  # NaN is neither expired nor live: it would hold a queue slot
+            raise DeadlineExceeded(f"deadline {deadline!r} is not a time")
         if not self._queue.reserve():
             self.observer.on_dropped("overload", 1)
             raise Overloaded(f"queue holds {self._queue.max_requests} requests")

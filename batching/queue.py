@@ -166,7 +166,7 @@ class BatchQueue:
                 self._top_up(max_size, max_wait)
             window = [self._items.popleft() for _ in range(min(self.window, len(self._items)))]
             now = self._clock()
-            expired = [i for i in window if not i.cancelled and i.deadline <= now]
+            expired = [i for i in window if not i.cancelled and not i.deadline > now]  # NaN too: never lost
             cancelled = [i for i in window if i.cancelled]
             live = [i for i in window if not i.cancelled and i.deadline > now]
             judge = cost if cost is not None and cost.ready else None  # no predictions before it has data

@@ -50,6 +50,10 @@ class _Link(wire.FramedProtocol):
             self.hello.set_exception(ConnectionError("closed before hello"))
 
 
+def _identity(hello: dict) -> tuple:
+    return hello.get("model"), hello.get("dimension"), hello.get("fingerprint")
+
+
 class ModelClient:
     def __init__(self, path: str | Path, on_state: Callable[[bool], None] | None = None):
         self.path = str(path)
@@ -90,11 +94,22 @@ class ModelClient:
                 delay = min(_RETRY_MAX_S, delay * 2)
                 continue
             try:
-                self.model = await asyncio.wait_for(link.hello, 10.0)
+                hello = await asyncio.wait_for(link.hello, 10.0)
             except (ConnectionError, TimeoutError):
                 transport.close()
                 await asyncio.sleep(delay)
                 continue
+            if self.model is not None and _identity(hello) != _identity(self.model):
+                # Routes were embedded by the first model: vectors of another would be scored
+                # against them. Stay unavailable (NOT_SERVING, fallback_unavailable) until this
+                # router restarts on the new model.
+                log.error("model process serves another model than the routes were built with; restart the router",
+                          extra={"socket": self.path, "was": _identity(self.model), "now": _identity(hello)})
+                transport.close()
+                self.on_state(False)
+                await asyncio.sleep(_RETRY_MAX_S)
+                continue
+            self.model = hello
             self._transport, self._out = transport, wire.FrameWriter(transport, loop)
             self._up.set()
             delay, announced = _RETRY_FIRST_S, False

@@ -7,7 +7,8 @@ vector's raw float32 bytes cost one struct call and one copy each way.
   front end -> model   EMBED   u32 id, f32 budget_s, utf-8 text    (budget: seconds left before
                                                                      the caller's deadline)
                        CANCEL  u32 id                               (the caller gave up: never compute)
-  model -> front end   HELLO   utf-8 JSON {model, dimension, pid}   (first frame; sent once warm)
+  model -> front end   HELLO   utf-8 JSON {model, dimension,        (first frame; sent once warm)
+                               fingerprint, pid}
                        VECTOR  u32 id, float32 x dimension
                        ERROR   u32 id, u8 code, utf-8 message
 """
@@ -30,7 +31,10 @@ _EMBED = struct.Struct("<IBIf")  # length, kind, id, budget
 _ID_FRAME = struct.Struct("<IBI")  # length, kind, id
 _ERROR = struct.Struct("<IBIB")  # length, kind, id, code
 _EMBED_FIELDS = struct.Struct("<If")
-MAX_FRAME = 16 * 1024 * 1024  # a longer length is a broken or foreign peer: drop the connection
+# A longer length is a broken or foreign peer: drop the connection. Text is capped before the
+# model sees it (front ends send routed text of a few KiB); a vector of 16,384 floats fits.
+MAX_FRAME = 1024 * 1024
+MAX_TEXT = 64 * 1024
 
 # Error codes keep the batcher's refusal kinds across the boundary: the engine's fallback reason
 # depends on which it was.
@@ -80,9 +84,10 @@ def request_id_of(payload: bytes) -> int:
     return _ID.unpack_from(payload)[0]
 
 
-def split_embed(payload: bytes) -> tuple[int, float, str]:
+def split_embed(payload: bytes) -> tuple[int, float, bytes]:
+    """(request id, budget in seconds, the text's UTF-8 bytes)."""
     request_id, budget = _EMBED_FIELDS.unpack_from(payload)
-    return request_id, budget, payload[8:].decode("utf-8", "surrogatepass")
+    return request_id, budget, payload[8:]
 
 
 class FrameReader:

@@ -85,6 +85,10 @@ def _scorer(config: RouterConfig, encode: Encode, head: LinearHead | None) -> tu
     if cc.method == "head":
         if head is None and cc.head_path:
             head = LinearHead.load(cc.head_path)
+            dimension = encode([groups[0][0]]).shape[1]
+            if head.weight.shape[1] != dimension:  # a head fitted on another encoder's embeddings
+                raise ValueError(f"classifier.head_path: the head takes {head.weight.shape[1]}-dimension embeddings; "
+                                 f"the encoder gives {dimension}")
         if head is None:  # trained on the config's own utterances at load
             labels = [n for n, g in zip(names, groups) for _ in g]
             head = train_head(encode([u for g in groups for u in g]), labels, names[: len(groups)],

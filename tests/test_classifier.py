@@ -130,6 +130,15 @@ def test_head_with_wrong_routes_is_rejected(tmp_path):
         RouteClassifier(config(classifier={"method": "head", "head_path": str(tmp_path / "h.npz")}), encode)
 
 
+def test_head_of_another_encoders_dimension_is_rejected(tmp_path):
+    # Fitted on 768-dimension embeddings, loaded beside a 3-dimension encoder: every score would be
+    # garbage (or a shape error per request); refused at load, naming the key.
+    head = LinearHead(("math", "code"), ("math", "code"), np.zeros((2, 768), dtype=np.float32), np.zeros(2, dtype=np.float32))
+    head.save(tmp_path / "h.npz")
+    with pytest.raises(ValueError, match="classifier.head_path: the head takes 768-dimension embeddings; the encoder gives 3"):
+        RouteClassifier(config(classifier={"method": "head", "head_path": str(tmp_path / "h.npz")}), encode)
+
+
 def test_evaluate_metrics():
     r = evaluate(["math", "math", "code", "general"], ["math", "code", "code", "general"],
                  ["math", "code", "general"], "general")

@@ -81,6 +81,8 @@ def test_pod_shape_probes_and_selectors(rendered):
         spec = kinds[kind]["spec"]
         selector = spec.get("selector") if kind == "Service" else (spec.get("selector") or spec.get("podSelector"))["matchLabels"]
         assert selector and all(labels.get(k) == v for k, v in selector.items()), kind
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     gpu = router["resources"]["limits"].get("nvidia.com/gpu")
     assert (gpu == 1) if name == "overlays/gpu" else gpu is None
 
@@ -107,6 +109,10 @@ def test_node_model_overlay_shares_one_socket_between_the_daemonset_and_the_side
     assert model["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "nvidia.com/gpu" not in router["resources"]["limits"]
     assert model["image"].endswith("-cuda") and router["image"].endswith("-cpu")
+    # The socket directory is made the model user's before it starts (hostPath creates it root's).
+    (init,) = model_pod["initContainers"]
+    assert "os.chown(d, 10001, 10001)" in init["command"][-1]
+    assert any(m["mountPath"] == socket.rsplit("/", 1)[0] for m in init["volumeMounts"])
 
 
 def test_only_envoy_reaches_the_router_and_only_monitoring_reaches_metrics(rendered):
@@ -121,6 +127,11 @@ def test_only_envoy_reaches_the_router_and_only_monitoring_reaches_metrics(rende
     (source,) = rules[(9090,)]["from"]  # /metrics only for the monitoring namespace, never every pod
     assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert "podSelector" not in source
+    # Egress: DNS, and the ports backends (443, 8000, 8080), a remote engine (7997) and a shared
+    # cache store (6379) listen on; nothing else leaves the pod.
+    egress = {tuple((p["port"], p["protocol"]) for p in rule["ports"]) for rule in policy["egress"]}
+    assert ((53, "UDP"), (53, "TCP")) in egress
+    assert {port for rule in egress for port, _ in rule} == {53, 443, 8000, 8080, 7997, 6379}
 
 
 def test_configmaps_carry_the_committed_configs():
@@ -189,7 +200,8 @@ def test_dockerfile_copies_only_what_exists_and_pins_match():
     assert "torch==2.13.0" in text and "VARIANT" in text
 
     def pins(path):
-        return dict(line.strip().split("==") for line in (ROOT / path).read_text().splitlines() if "==" in line)
+        return dict(line.split()[0].split("==") for line in (ROOT / path).read_text().splitlines()
+                    if "==" in line and not line.startswith("#"))
 
     runtime, dev = pins("requirements-runtime.lock"), pins("requirements.lock")
     assert {k: v for k, v in runtime.items() if dev.get(k) != v} == {}

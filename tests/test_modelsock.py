@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,9 +174,142 @@ def test_frames_split_anywhere_are_reassembled_and_garbage_is_refused():
         got += reader.feed(frames[i : i + 1])
     assert [k for k, _ in got] == [wire.EMBED, wire.CANCEL, wire.VECTOR]
     request_id, budget, text = wire.split_embed(got[0][1])
-    assert (request_id, round(budget, 3), text) == (7, 0.25, "héllo")
+    assert (request_id, round(budget, 3), text) == (7, 0.25, "héllo".encode())
     assert wire.request_id_of(got[1][1]) == 7
     with pytest.raises(wire.ProtocolError):
         wire.FrameReader().feed(b"\xff\xff\xff\xff\x01")
     request_id, exc = wire.error_of(wire.error_frame(3, Overloaded("full"))[5:])
     assert request_id == 3 and type(exc) is Overloaded and str(exc) == "full"
+
+
+# Hardening: who may connect, what a frame may carry, what the path may already be.
+
+def raw_exchange(path, frames: list[bytes], expect: int, uid: int | None = None) -> list[tuple[int, bytes]]:
+    """Sends raw frames from a plain socket (as any local process could) and reads `expect` frames
+    after the HELLO; as `uid` in a child process when given. [] when the server hangs up first."""
+    import os
+    import pickle
+
+    def talk() -> list[tuple[int, bytes]]:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect(str(path))
+        s.sendall(b"".join(frames))
+        reader, got = wire.FrameReader(), []
+        while len(got) < expect + 1:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:  # hung up
+                break
+            got += reader.feed(data)
+        s.close()
+        return got[1:] if got and got[0][0] == wire.HELLO else []
+
+    if uid is None:
+        return talk()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: another user
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            out = talk()
+        except Exception as exc:
+            out = repr(exc)
+        os.write(w, pickle.dumps(out))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_the_socket_is_the_users_alone_and_other_users_are_refused(tmp_path):
+    import os
+    import stat
+
+    import tempfile
+
+    if os.getuid() != 0:
+        pytest.fail("this test acts as another user: run it as root (CI does)", pytrace=False)
+    shared = Path(tempfile.mkdtemp(prefix="modelsock-"))  # pytest's tmp_path is not other users' to enter
+    shared.chmod(0o755)
+
+    async def main():
+        side = await Side(shared / "m.sock", FakeBackend()).start()
+        assert stat.S_IMODE(os.stat(side.path).st_mode) == 0o600
+        hello = await asyncio.to_thread(raw_exchange, side.path, [], 0)
+        assert hello == []  # connected and got its HELLO (nothing after it asked for)
+        refused = await asyncio.to_thread(raw_exchange, side.path, [], 0, 65534)
+        assert "PermissionError" in str(refused)  # the file's mode keeps other users out...
+        os.chmod(side.path, 0o666)
+        ignored = await asyncio.to_thread(raw_exchange, side.path, [wire.embed_frame(1, 1.0, b"hi")], 1, 65534)
+        assert ignored == []  # ...and so does the peer check, whatever the mode: no HELLO, no answer
+        await side.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_frames_that_would_leak_a_queue_slot_or_cost_the_model_are_refused(tmp_path):
+    async def main():
+        backend = FakeBackend()
+        side = await Side(tmp_path / "m.sock", backend).start()
+        bad = [wire.embed_frame(i, float("nan"), b"nan budget") for i in range(1, 2001)]
+        bad += [wire.embed_frame(3001, -1.0, b"negative"), wire.embed_frame(3002, float("inf"), b"infinite"),
+                wire.embed_frame(3003, 1.0, b"x" * (wire.MAX_TEXT + 1))]
+        answers = await asyncio.to_thread(raw_exchange, side.path, bad, len(bad))
+        assert len(answers) == len(bad) and {kind for kind, _ in answers} == {wire.ERROR}
+        assert side.batcher.depth == (0, 0) and side.batcher._queue._reserved == 0  # no slot held
+        assert not any("nan budget" in t or "x" * 100 in t for t in backend.tokenized)
+        client = await connect(side.path)  # the queue still takes everyone else's work
+        np.testing.assert_array_equal(await client.embed("still served", soon(5)), vector_for("still served"))
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_a_regular_file_at_the_socket_path_is_an_error_and_kept(tmp_path):
+    path = tmp_path / "m.sock"
+    path.write_text("someone's data")
+
+    async def main():
+        batcher = ContinuousBatcher(FakeBackend(), BatcherSettings())
+        batcher.start()
+        await batcher.started()
+        with pytest.raises(SocketInUse, match="not a socket"):
+            await ModelSocketServer(batcher, path, {}).start()
+        await batcher.aclose(1.0)
+
+    asyncio.run(main())
+    assert path.read_text() == "someone's data"
+
+
+def test_a_front_end_refuses_a_model_process_serving_another_model(tmp_path):
+    async def main():
+        path = tmp_path / "m.sock"
+        side = await Side(path, FakeBackend()).start()
+        states: list[bool] = []
+        client = await connect(path, states)
+        await side.stop()
+        other = Side(path, FakeBackend())
+        other.batcher = ContinuousBatcher(other.backend, BatcherSettings())
+        other.batcher.start()
+        await other.batcher.started()
+        other.server = ModelSocketServer(other.batcher, path, {"model": "another", "dimension": 768})
+        await other.server.start()
+        await until(lambda: states[-2:] == [False, False] or (states and states[-1] is False and not client.connected), 10)
+        await asyncio.sleep(0.5)
+        assert not client.connected and client.model["model"] == "fake"  # it did not take the new one
+        with pytest.raises(ModelUnavailable):
+            await client.embed("anything", soon(1))
+        await client.aclose()
+        await other.stop()
+
+    asyncio.run(main())
