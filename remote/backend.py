@@ -27,6 +27,10 @@ _INPUT_REFUSED = frozenset({400, 413, 422})
 # not embeddings.
 _CALL_FAILED = (OSError, http.client.HTTPException, ValueError)
 _WAIT_LOG_S = 10.0
+# A batch refused as bad input is retried input by input (by the batcher); an engine that refuses
+# everything would turn each batch into that many calls. Past this many refusals in a row, each
+# counts against the engine, so its breaker opens and the calls stop.
+REFUSALS_IN_A_ROW = 8
 
 
 class RemoteInput:
@@ -57,6 +61,7 @@ class RemoteBackend:
         self.api = EmbeddingsAPI(config.url, config.model, key)
         self.timeout_s = config.timeout_ms / 1000.0
         self.dimension: int | None = None
+        self._refused_in_a_row = 0  # racy across lanes by one at most, like the breaker's count
         self.breaker = CircuitBreaker(self._probe, on_change=lambda is_open: metrics.REMOTE_OPEN.set(int(is_open)))
         metrics.REMOTE_OPEN.set(0)
 
@@ -76,8 +81,12 @@ class RemoteBackend:
             vectors = self.api.embed([i.text for i in inputs], timeout)
         except EngineStatus as exc:
             if exc.status in _INPUT_REFUSED:
-                self.breaker.succeeded()  # it answered: alive
                 metrics.REMOTE_CALLS.labels("rejected").inc()
+                self._refused_in_a_row += 1
+                if self._refused_in_a_row > REFUSALS_IN_A_ROW:
+                    self.breaker.failed(f"{self._refused_in_a_row} calls in a row refused as bad input")
+                    raise RemoteError(f"remote engine refuses every input: {exc}") from None
+                self.breaker.succeeded()  # it answered: alive
                 raise ValueError(f"the remote engine refused the inputs: {exc}") from None
             raise self._failed("error", str(exc)) from None
         except TimeoutError:
@@ -90,6 +99,7 @@ class RemoteBackend:
         if self.dimension is not None and vectors.shape[1] != self.dimension:
             raise self._failed("error", f"dimension changed from {self.dimension} to {vectors.shape[1]}")
         self.breaker.succeeded()
+        self._refused_in_a_row = 0
         metrics.REMOTE_CALLS.labels("ok").inc()
         return vectors
 

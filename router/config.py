@@ -53,6 +53,9 @@ class RemoteEncoderConfig:
     timeout_ms: float = 1000.0  # longest one call may take; it also ends at its requests' deadline
     max_batch: int = 64  # inputs per call
     max_in_flight: int = 4  # calls at once: the engine batches again on its side
+    # An API key over plain http:// can be read on the way: refused unless this says the network
+    # between them is trusted (a sidecar on loopback, a mesh that encrypts).
+    insecure_http: bool = False
 
     def __post_init__(self):
         parts = urllib.parse.urlsplit(self.url)
@@ -66,6 +69,8 @@ class RemoteEncoderConfig:
         _require(self.timeout_ms > 0, "timeout_ms", "must be positive")
         _require(1 <= self.max_batch <= 2048, "max_batch", "must be between 1 and 2048")
         _require(1 <= self.max_in_flight <= 64, "max_in_flight", "must be between 1 and 64")
+        _require(parts.scheme != "http" or self.api_key_env is None or self.insecure_http, "url",
+                 "http:// would send the API key in clear: use https://, or set insecure_http: true")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import pytest
 
 from app.embedding import batcher_shape, start_batcher
 from batching import DeadlineExceeded, RemoteError
-from remote.backend import RemoteBackend
+from remote.backend import REFUSALS_IN_A_ROW, RemoteBackend
+from remote.embeddings_api import EmbeddingsAPI
 from router.config import ConfigError, RemoteEncoderConfig, parse_config
 from tests.fakes import vector_for
 
@@ -31,7 +32,8 @@ class Engine:
         self.status = 200  # answer every call with this status instead
         self.gate = threading.Event()
         self.gate.set()  # cleared: calls wait (a hung engine)
-        self.calls: list[list[str]] = []
+        self.calls: list[list[str]] = []  # answered with embeddings
+        self.posts = 0  # every POST
         self.concurrent = self.most_concurrent = 0
         self._lock = threading.Lock()
         engine = self
@@ -44,6 +46,7 @@ class Engine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                engine.posts += 1
                 with engine._lock:
                     engine.concurrent += 1
                     engine.most_concurrent = max(engine.most_concurrent, engine.concurrent)
@@ -71,7 +74,7 @@ class Engine:
         if self.key is not None and headers.get("Authorization") != f"Bearer {self.key}":
             return 401, {"error": "bad key"}
         if self.status != 200:
-            return self.status, {"error": "engine trouble"}
+            return self.status, {"error": f"engine trouble with {body['input']}"}
         if body["encoding_format"] == "base64" and not self.base64_ok:
             return 422, {"error": "encoding_format: only float"}
         texts = body["input"]
@@ -212,7 +215,8 @@ def test_the_api_key_comes_from_the_environment_is_sent_and_is_never_logged(monk
     try:
         caplog.set_level(logging.DEBUG)
         monkeypatch.setenv("ENGINE_KEY", KEY)
-        backend = RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY"))
+        backend = RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY",
+                                                    insecure_http=True))
         backend.warmup()
         np.testing.assert_allclose(backend.encode(["hello"])[0], vector_for("hello"), atol=1e-6)
         engine.status = 500
@@ -225,10 +229,11 @@ def test_the_api_key_comes_from_the_environment_is_sent_and_is_never_logged(monk
 
         monkeypatch.setenv("ENGINE_KEY", "wrong")
         with pytest.raises(ValueError, match="refused the embeddings call: HTTP 401"):
-            RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY")).warmup()
+            RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY",
+                                              insecure_http=True)).warmup()
         monkeypatch.delenv("ENGINE_KEY")
         with pytest.raises(ValueError, match="api_key_env: environment variable ENGINE_KEY is not set"):
-            RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY"))
+            RemoteBackend(RemoteEncoderConfig(url=engine.url, model="m", api_key_env="ENGINE_KEY", insecure_http=True))
     finally:
         engine.close()
 
@@ -254,6 +259,7 @@ def test_an_engine_without_base64_answers_is_asked_for_floats():
     ({"url": "http://host", "max_batch": 0}, "encoder.remote.max_batch"),
     ({"url": "http://host", "timeout_ms": 0}, "encoder.remote.timeout_ms"),
     ({"url": "http://host", "api_key": "sk-live-123"}, "encoder.remote.api_key"),
+    ({"url": "http://host", "api_key_env": "ENGINE_KEY"}, "encoder.remote.url: http:// would send the API key"),
 ])
 def test_remote_settings_are_checked_and_errors_name_the_key(remote, key):
     with pytest.raises(ConfigError, match=f"^config: {key}"):
@@ -262,3 +268,93 @@ def test_remote_settings_are_checked_and_errors_name_the_key(remote, key):
             "routes": [{"name": "r", "model": "x", "utterances": ["u"]}],
             "default_route": {"name": "d", "model": "y"},
         })
+
+
+def test_https_or_an_explicit_insecure_http_may_carry_a_key():
+    for remote in ({"url": "https://host", "api_key_env": "K"}, {"url": "http://host", "api_key_env": "K", "insecure_http": True}):
+        parse_config({"encoder": {"remote": {"model": "m", **remote}},
+                      "routes": [{"name": "r", "model": "x", "utterances": ["u"]}], "default_route": {"name": "d", "model": "y"}})
+
+
+class RawEngine:
+    """An engine that answers every call with the bytes `answer(conn)` writes, however slowly."""
+
+    def __init__(self, answer):
+        import socket as socket_module
+        self.sock = socket_module.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self._answer = answer
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        try:
+            conn.recv(65536)
+            self._answer(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_an_engine_that_drips_its_answer_is_given_up_on_at_the_call_deadline():
+    def drip(conn):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(100):  # a byte every 0.1 s: each read is within any per-read timeout
+            conn.sendall(b" ")
+            time.sleep(0.1)
+
+    engine = RawEngine(drip)
+    try:
+        api = EmbeddingsAPI(engine.url, "m")
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            api.embed(["hello"], timeout=0.5)
+        assert time.monotonic() - t0 < 2.0  # the call's 0.5 s, not 100 reads of 0.1 s
+    finally:
+        engine.close()
+
+
+def test_an_answer_larger_than_its_inputs_can_need_is_refused():
+    def huge(conn):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8000000\r\n\r\n")
+        conn.sendall(b"[" + b" " * 7_999_999)
+
+    engine = RawEngine(huge)
+    try:
+        with pytest.raises(ValueError, match="answer larger than"):
+            EmbeddingsAPI(engine.url, "m").embed(["one input"], timeout=5)
+    finally:
+        engine.close()
+
+
+def test_an_engine_refusing_every_input_opens_the_breaker_after_a_bounded_number_of_calls(engine, caplog):
+    async def main():
+        batcher = await start_batcher(config(engine.url, max_in_flight=1))
+        before = len(engine.calls)
+        engine.status = 400  # every call refused as bad input, the prompt echoed in the error body
+        done = await asyncio.gather(*(batcher.embed(f"secret prompt {i}", soon(10)) for i in range(32)),
+                                    return_exceptions=True)
+        assert all(isinstance(d, Exception) for d in done)
+        assert not batcher.backend.breaker.closed  # counted against the engine: calls stopped
+        calls = engine.posts
+        assert calls <= 1 + REFUSALS_IN_A_ROW + batcher.backend.breaker.failures_to_open + 1, calls
+        assert len(engine.calls) == before
+        batcher.backend.breaker.stop()
+        await batcher.aclose()
+
+    caplog.set_level(logging.DEBUG)
+    asyncio.run(main())
+    assert "secret prompt" not in caplog.text  # an engine's error body is never logged

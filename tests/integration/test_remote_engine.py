@@ -61,7 +61,8 @@ def remote(tmp_path_factory, envoy_binary, engine):
     workdir = tmp_path_factory.mktemp("remote")
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     config["encoder"] = {"remote": {"url": engine.url, "model": SERVED_NAME, "api_key_env": KEY_ENV,
-                                    "timeout_ms": 2000, "max_batch": 32, "max_in_flight": 4}}
+                                    "timeout_ms": 2000, "max_batch": 32, "max_in_flight": 4,
+                                    "insecure_http": True}}  # loopback
     config["filters"] = ["prompt_guard", "model_policy", "semantic_route"]
     config["filter_settings"] = {"prompt_guard": {"exemplars": [GUARDED], "threshold": 0.9}}
     config["cache_size"] = 0  # every request reaches the engine
