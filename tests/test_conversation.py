@@ -130,6 +130,28 @@ def test_a_text_in_flight_is_shared_and_a_failure_is_not_kept():
     run(main())
 
 
+def test_a_waiter_with_time_left_is_not_failed_by_the_first_requesters_deadline():
+    from batching import DeadlineExceeded
+
+    async def main():
+        cache = EmbeddingCache(8)
+
+        async def soon_late():  # the first requester: its deadline passes while computing
+            await asyncio.sleep(0.01)
+            raise DeadlineExceeded("first requester's deadline")
+
+        async def in_time():
+            return vec("same")
+
+        first = asyncio.create_task(cache.get("same", soon_late))
+        second = asyncio.create_task(cache.get("same", in_time))
+        with pytest.raises(DeadlineExceeded):
+            await first
+        assert np.array_equal(await second, vec("same"))  # it tried again on its own deadline
+
+    run(main())
+
+
 def test_one_waiter_leaving_keeps_the_computation_the_last_one_cancels_it():
     async def main():
         cache, model = EmbeddingCache(8), Counting()

@@ -33,7 +33,11 @@ def encoder():
 def test_bundled_model_resolves_to_package_weights():
     path = resolve_model("bundled:all-MiniLM-L6-v2")
     assert path.endswith("model") and (ROOT / path).exists()
-    assert resolve_model("/some/local/dir") == "/some/local/dir"
+    assert resolve_model(str(ROOT)) == str(ROOT)  # a local directory, as it is
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"
+    for missing in ("/some/local/dir", "./fitted.model", "../models/x"):  # never a silent hub download
+        with pytest.raises(ValueError, match="is not a model directory"):
+            resolve_model(missing)
     with pytest.raises(ValueError, match="no bundled model"):
         resolve_model("bundled:nope")
 
