@@ -5,9 +5,10 @@ What a body costs to scan and decode is set by its structural characters (quotes
 brackets: ~1-3 us each), not its length: 256 KiB of `[[[[` took 130 ms, 24,000 keys 47 ms. So only
 a body small in both bytes and structure is parsed on the loop (at most a few milliseconds);
 anything else, and every body too large to parse (scanned for its model and a repeated key), goes
-to the worker. A worker job that outlives its request's deadline is not waited for: the request
-falls back at its deadline (ParseTimeout), and a job still running then is ended with the worker,
-so no one body holds it for the bodies behind it.
+to the worker, with its request's deadline: the scan stops itself there (request_body.OutOfTime),
+so no body holds the worker past its own deadline for the bodies behind it, and the request falls
+back at its deadline (ParseTimeout). Only a job still running STUCK_S after its deadline (the scan
+was not where the time went) is ended with its worker, which is then replaced.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
 from extproc.encodings import inflate
-from extproc.request_body import ParsedBody, from_summary, parse_body, scan_unread, structure, summarize
+from extproc.request_body import (OutOfTime, ParsedBody, from_summary, parse_body, scan_unread, structure,
+                                  summarize)
 from router.config import RequestsConfig
 
 log = logging.getLogger(__name__)
 
 INLINE_BYTES = 64 * 1024  # plain text this long decodes in about a millisecond
 INLINE_STRUCTURE = 1024  # structural characters: ~3 ms at the worst measured cost per character
+STUCK_S = 1.0
 
 
 class ParseTimeout(Exception):
@@ -63,7 +66,7 @@ class BodyParser:
         (time.monotonic()); ParserUnavailable when the worker cannot parse it."""
         if self.inline(raw):
             return parse_body(raw, path, policy, max_turns, guard)
-        summary = await self._in_worker(summarize, (raw, path, policy, max_turns, guard), deadline)
+        summary = await self._in_worker(summarize, (raw, path, policy, max_turns, guard, deadline), deadline)
         return from_summary(raw, summary)
 
     async def scan_unread(self, raw: bytes, deadline: float | None = None) -> tuple[str | None, tuple[int, int] | None]:
@@ -71,7 +74,7 @@ class BodyParser:
         off the event loop."""
         if self.inline(raw):
             return scan_unread(raw)
-        return await self._in_worker(scan_unread, (raw,), deadline)
+        return await self._in_worker(scan_unread, (raw, deadline), deadline)
 
     async def inflate(self, raw: bytes, encoding: str, limit: int, deadline: float | None = None) -> bytes:
         """The body inflated (encodings.inflate), always in the worker: a few bytes may inflate a
@@ -94,11 +97,17 @@ class BodyParser:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job)), timeout)
-        except TimeoutError:
-            if not job.cancel():  # running, not queued: end it with the worker
-                log.warning("body parse outlived its deadline; restarting the parser process")
-                self._replace(self._pool, kill=True)
+        except OutOfTime:
             raise ParseTimeout() from None
+        except TimeoutError:
+            if not job.cancel():  # started: it stops itself at the deadline, or is ended as stuck
+                asyncio.get_running_loop().call_later(STUCK_S, self._if_stuck, job, self._pool)
+            raise ParseTimeout() from None
+
+    def _if_stuck(self, job: Future, pool: ProcessPoolExecutor | None) -> None:
+        if not job.done():
+            log.warning("body parse stuck past its deadline; restarting the parser process")
+            self._replace(pool, kill=True)
 
     def _replace(self, pool: ProcessPoolExecutor | None, kill: bool = False) -> None:
         if pool is None or pool is not self._pool:

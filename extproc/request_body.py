@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from filters.context import GUARD_MAX_PIECES
-from router.config import RequestsConfig
+from router.config import GUARD_MAX_PIECES, RequestsConfig
 
 _DEFAULT_POLICY = RequestsConfig()
 
@@ -107,13 +107,23 @@ def _string_end(text: str, i: int) -> int:
     return m.end()
 
 
-def _value_end(text: str, i: int) -> int:
+class OutOfTime(Exception):
+    """A scan passed its deadline (a parse in the worker process stops, not the router's loop)."""
+
+
+_CHECK_EVERY = 4096  # structural characters between deadline checks (~5 ms at the worst shape)
+
+
+def _value_end(text: str, i: int, deadline: float | None = None) -> int:
     c = text[i : i + 1]
     if c == '"':
         return _string_end(text, i)
     if c in ("[", "{"):
-        depth, n = 0, len(text)
+        depth, n, steps = 0, len(text), 0
         while True:
+            steps += 1
+            if deadline is not None and steps % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+                raise OutOfTime()
             i = _PLAIN.match(text, i).end()
             if i >= n:
                 raise ValueError("unbalanced brackets")
@@ -142,9 +152,11 @@ def _closes(text: str, i: int) -> bool:
     return True
 
 
-def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, int]]:
+def _members(text: str, stop_at: str | None = None, deadline: float | None = None) -> Iterator[tuple[str, int, int]]:
     """(key, start, end) of each top-level member's value in the JSON object `text`, in order,
-    without decoding the values; with `stop_at`, stops after that key."""
+    without decoding the values; with `stop_at`, stops after that key; OutOfTime past `deadline`."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime()  # it waited its turn past its request's deadline: nobody wants it now
     i = _SPACE.match(text, 0).end()
     if text[i : i + 1] != "{":
         other = json.loads(text)  # not JSON at all (ValueError), or JSON of another kind
@@ -160,7 +172,7 @@ def _members(text: str, stop_at: str | None = None) -> Iterator[tuple[str, int, 
         if text[i : i + 1] != ":":
             raise ValueError("expected ':'")
         start = _SPACE.match(text, i + 1).end()
-        end = _value_end(text, start)
+        end = _value_end(text, start, deadline)
         yield key, start, end
         if key == stop_at:
             return
@@ -219,13 +231,13 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-               guard: bool = False) -> ParsedBody:
+               guard: bool = False, deadline: float | None = None) -> ParsedBody:
     """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
     reads; members are decoded only when read (see LazyObject). `guard`: also the guard's pieces."""
     text = _text(raw)
     spans: dict[str, tuple[int, int] | None] = {}
     try:
-        for key, start, end in _members(text):
+        for key, start, end in _members(text, deadline=deadline):
             if key in spans:
                 raise _DuplicateKey(key)
             spans[key] = (start, end)
@@ -257,8 +269,8 @@ class BodySummary:
 
 
 def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-              guard: bool = False) -> BodySummary:
-    parsed = parse_body(raw, path, policy, max_turns, guard)
+              guard: bool = False, deadline: float | None = None) -> BodySummary:
+    parsed = parse_body(raw, path, policy, max_turns, guard, deadline)
     return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data._spans, parsed.guard)
 
 
@@ -281,7 +293,7 @@ def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
     return None, None
 
 
-def scan_unread(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
+def scan_unread(raw: bytes, deadline: float | None = None) -> tuple[str | None, tuple[int, int] | None]:
     """The top-level `model` of a body too large to parse, and its byte span, from a scan of every
     top-level member (linear, nothing decoded but `model`): a key repeated anywhere at the top
     level raises BadBody duplicate_key, whatever the size, since backends that keep the last copy
@@ -290,7 +302,7 @@ def scan_unread(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
         text = _text(raw)
         found: tuple[str | None, tuple[int, int] | None] = (None, None)
         seen: set[str] = set()
-        for key, start, end in _members(text):
+        for key, start, end in _members(text, deadline=deadline):
             if key in seen:
                 raise BadBody("duplicate_key", f"key {key[:64]!r} appears twice in one object")
             seen.add(key)

@@ -11,8 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from filters.context import GUARD_MAX_PIECES, ImmediateReply, RequestContext
+from filters.context import ImmediateReply, RequestContext
 from router import metrics
+from router.config import GUARD_MAX_PIECES
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.settings_loader import SettingError, build
 

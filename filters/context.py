@@ -12,11 +12,6 @@ from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 
 
-# The most pieces the parser splits a request's texts into for a filter that reads them all;
-# past it the parser stops, and such a filter cannot decide.
-GUARD_MAX_PIECES = 4096
-
-
 @dataclass
 class ImmediateReply:
     """Answer the client directly; the request never reaches a backend."""
@@ -37,7 +32,7 @@ class RequestContext:
     body_bytes: int = 0
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
     # Every text the backend model reads, in pieces (request_body.guard_pieces), for filters with
-    # reads_all_text; more than GUARD_MAX_PIECES: the parser stopped splitting.
+    # reads_all_text; more than router.config.GUARD_MAX_PIECES: the parser stopped splitting.
     guard_pieces: tuple[str, ...] = ()
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.

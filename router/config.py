@@ -176,6 +176,11 @@ class ServerConfig:
         _require(self.watch_config_s >= 0, "watch_config_s", "must not be negative")
 
 
+# The most pieces the body parser splits a request's texts into for a filter that reads them all
+# (the prompt guard); past it the parser stops, and such a filter cannot decide.
+GUARD_MAX_PIECES = 4096
+
+
 @dataclass(frozen=True)
 class RequestsConfig:
     model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
