@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import hashlib
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from prometheus_client import start_http_server
 from app import process_watch
 from app.lifecycle import serve_until_signal
 from app.embedding import BackendFactory, start_batcher
-from batching import Backend, Embedder
+from batching import Backend, DeadlineExceeded, Embedder, Overloaded
 from extproc.service import ExtProcService
 from filters.chain import FilterChain
 from model.torch_threads import on_own_thread
@@ -73,6 +74,10 @@ class RouterServer:
         self.metrics_port = 0
         self._metrics_http = None
         self._reload_lock = asyncio.Lock()
+        # The utterance embeddings of the engine serving now (on self.embedder), and its config's
+        # version: a reload embeds only new utterances; the version is exported per process.
+        self._utterances: dict[str, np.ndarray] = {}
+        self._version: str | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
         # What the file said at start (CLI flags may override server.*): reload warns against this.
@@ -171,13 +176,13 @@ class RouterServer:
         its model thread touches the model."""
         embedder = embedder or self.embedder
         texts = sorted({u for r in config.routes for u in r.utterances} | set(config.default_route.utterances))
-        deadline = time.monotonic() + 300.0
-        vectors: list[np.ndarray] = []
-        step = max(1, config.batching.max_queue_requests // 2)
-        for i in range(0, len(texts), step):
-            vectors += await asyncio.gather(*(embedder.embed(t, deadline) for t in texts[i : i + step]))
-        lookup = dict(zip(texts, vectors))
-
+        # What the serving engine already embedded on this embedder costs nothing again: a reload
+        # embeds only new utterances, a few at a time, so live requests are not refused for them.
+        known = self._utterances if embedder is self.embedder else {}
+        lookup = {t: known[t] for t in texts if t in known}
+        serving = self.ext_proc.routing is not None
+        lookup.update(await embed_utterances(embedder, [t for t in texts if t not in lookup],
+                                             step=16 if serving else max(1, config.batching.max_queue_requests // 2)))
         def encode(batch: Sequence[str]) -> np.ndarray:
             return np.stack([lookup[t] for t in batch])
 
@@ -187,13 +192,20 @@ class RouterServer:
         # One cache across reloads on the same encoder: an embedding does not depend on routes.
         current = self.ext_proc.routing
         same_encoder = current is not None and embedder is self.embedder
-        engine = RoutingEngine(config, embedder, classifier, current[0].cache if same_encoder else None)
+        engine = RoutingEngine(config, embedder, classifier, current[0].cache if same_encoder else None,
+                               utterances=lookup)
         return engine, await FilterChain.for_engine(engine)
 
     def _activate(self, config: RouterConfig, engine: RoutingEngine, chain: FilterChain) -> None:
         # Not a coroutine: the swap is atomic for every request on the event loop.
         self.config = config
         self.ext_proc.serve(engine, chain)
+        self._utterances = engine.utterances
+        version = config_version(config)
+        if self._version is not None and self._version != version:
+            metrics.CONFIG_VERSION.labels(self.process, self._version).set(0)
+        metrics.CONFIG_VERSION.labels(self.process, version).set(1)
+        self._version = version
 
     async def reload(self, why: str) -> bool:
         """Swap in the config file's current routes; an invalid file leaves the old ones serving."""
@@ -293,3 +305,35 @@ class RouterServer:
                                signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
         await serve_until_signal(self, lambda: f"router ready grpc={self.grpc_port} metrics={self.metrics_port}",
                                  on_ready, signals, on_hup=self.on_sighup)
+
+
+def config_version(config: RouterConfig) -> str:
+    """A short hash of the config a process serves: every pool worker should export the same."""
+    return hashlib.sha256(repr(config).encode()).hexdigest()[:12]
+
+
+# Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose
+# reload failed would serve the old routes while the others serve the new).
+_NOT_NOW = (Overloaded, DeadlineExceeded)
+
+
+async def embed_utterances(embedder: Embedder, texts: Sequence[str], step: int,
+                           budget_s: float = 300.0) -> dict[str, np.ndarray]:
+    """Embeddings of `texts`, `step` at a time; a step the batcher refuses for overload is tried
+    again after a pause (up to `budget_s` in all), so route embedding yields to live traffic."""
+    out: dict[str, np.ndarray] = {}
+    give_up = time.monotonic() + budget_s
+    for i in range(0, len(texts), step):
+        chunk, pause = texts[i:i + step], 0.05
+        while True:
+            try:
+                vectors = await asyncio.gather(*(embedder.embed(t, min(give_up, time.monotonic() + 30.0))
+                                                 for t in chunk))
+                break
+            except _NOT_NOW:
+                if time.monotonic() + pause > give_up:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        out.update(zip(chunk, vectors))
+    return out

@@ -44,9 +44,11 @@ def _fallback_reason(exc: Exception) -> str:
 
 class RoutingEngine:
     def __init__(self, config: RouterConfig, batcher: Embedder, classifier: RouteClassifier,
-                 cache: EmbeddingCache | None = None):
-        """`cache`: one the engine a reload replaces used (embeddings do not depend on routes)."""
+                 cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None):
+        """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
+        `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones."""
         self.config = config
+        self.utterances = utterances or {}
         self.batcher = batcher
         self.classifier = classifier
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)

@@ -101,6 +101,9 @@ REMOTE_OPEN = Gauge("semantic_router_remote_circuit_open",
                     "1 while the circuit breaker holds calls to the remote engine off (it failed; probes run), else 0.",
                     multiprocess_mode="livemax")
 CONFIG_RELOADS = Counter("semantic_router_config_reloads_total", "Config reload attempts, by result.", ["result"])
+CONFIG_VERSION = Gauge("semantic_router_config_version",
+                       "1 for the config version (a hash) each process serves: a pool's workers should agree.",
+                       ["process", "version"], multiprocess_mode="liveall")
 
 
 class PrometheusBatchObserver:

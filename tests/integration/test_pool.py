@@ -115,3 +115,42 @@ def test_a_killed_model_process_means_fallbacks_then_recovery(pool):
              240, "routing again once the model process is back")
     assert metric(scrape(pool.metrics_url), "semantic_router_pool_restarts_total", 'process="model"') == 1
     wait_for(pool.router_serving, 10, "workers report SERVING again")
+
+
+def served_versions(stack) -> dict[str, set[str]]:
+    """process -> the config versions it reports serving (semantic_router_config_version == 1)."""
+    import re
+    out: dict[str, set[str]] = {}
+    for line in scrape(stack.metrics_url).splitlines():
+        if line.startswith("semantic_router_config_version{") and line.endswith(" 1.0"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out.setdefault(labels["process"], set()).add(labels["version"])
+    return out
+
+
+def test_a_reload_under_load_ends_every_worker_on_the_same_config(pool):
+    before = served_versions(pool)
+    assert set(before) >= {"worker-0", "worker-1"} and len(set.union(*before.values())) == 1
+    path = pool.router_config
+    config = yaml.safe_load(path.read_text())
+    config["routes"].append({"name": "geography", "model": "general-model",
+                             "utterances": ["what is the capital of France", "which river is the longest"]})
+    reasons: list[str | None] = []
+
+    def load(n: int):
+        for i in range(n):
+            reasons.append(route_once(pool.ports.router_grpc, f"solve the equation {i}x + 3 = 11").get(
+                "x-semantic-route-reason"))
+
+    with ThreadPoolExecutor(4) as threads:
+        running = [threads.submit(load, 40) for _ in range(4)]
+        time.sleep(0.5)
+        path.write_text(yaml.safe_dump(config))
+        os.kill(pool.router.pid, signal.SIGHUP)  # the pool forwards it to every worker
+        for r in running:
+            r.result(timeout=300)
+    wait_for(lambda: all(served_versions(pool).get(w, {None}) - set.union(*before.values())
+                         for w in ("worker-0", "worker-1")), 120, "every worker on the new config")
+    after = served_versions(pool)
+    assert after["worker-0"] - before["worker-0"] == after["worker-1"] - before["worker-1"]  # the same one
+    assert set(reasons) == {"matched"}, {r: reasons.count(r) for r in set(reasons)}  # no request refused for it

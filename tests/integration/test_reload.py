@@ -49,15 +49,27 @@ def wait_for(cond, timeout=30.0):
     return False
 
 
-def reloads(port: int, result: str) -> float:
+def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return metric(r.read().decode(), "semantic_router_config_reloads_total", f'result="{result}"')
+        return r.read().decode()
+
+
+def reloads(port: int, result: str) -> float:
+    return metric(scrape(port), "semantic_router_config_reloads_total", f'result="{result}"')
+
+
+def versions(port: int) -> dict[str, str]:
+    """process -> the config version it serves (semantic_router_config_version == 1)."""
+    import re
+    return {m.group(1): m.group(2) for m in re.finditer(
+        r'^semantic_router_config_version\{process="([^"]+)",version="([^"]+)"\} 1\.0$', scrape(port), re.M)}
 
 
 def test_file_edit_swaps_routes_and_bad_file_keeps_old(router):
     proc, path, cfg, port, metrics_port = router
     prompt = "what is the capital of France and its population"
     assert route_once(port, prompt)["x-semantic-route"] == "general"
+    (first,) = versions(metrics_port).values()
 
     # Traffic during the reload: every request must get an answer with a route.
     answers, stop = [], threading.Event()
@@ -78,7 +90,9 @@ def test_file_edit_swaps_routes_and_bad_file_keeps_old(router):
         stop.set()
         sender.join()
     assert reloads(metrics_port, "ok") >= 1
-    assert len(answers) > 5 and set(answers) == {"math"}, set(answers)
+    assert len(answers) > 5 and set(answers) == {"math"}, set(answers)  # none refused for the reload
+    (second,) = versions(metrics_port).values()
+    assert second != first
 
     path.write_text("routes: [this is: not valid")
     assert wait_for(lambda: reloads(metrics_port, "error") >= 1), "bad config not counted"
