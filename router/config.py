@@ -271,8 +271,12 @@ class EnvoyConfig:
     passthrough_paths: tuple[str, ...] = ()
     # Certificates of TLS backends are verified against this bundle (Debian's system bundle).
     ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"
+    # A listener on listen_address that serves only Envoy's /stats/prometheus (the admin stays on
+    # admin_address): how Prometheus sees Envoy letting requests through unrouted. None: none.
+    stats_port: int | None = None
 
     def __post_init__(self):
+        _require(self.stats_port is None or 1 <= self.stats_port <= 65535, "stats_port", "must be a port number")
         _require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
         for i, prefix in enumerate(self.passthrough_paths):
             _require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,

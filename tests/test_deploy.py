@@ -122,9 +122,10 @@ def test_only_envoy_reaches_the_router_and_only_monitoring_reaches_metrics(rende
     assert router_cfg["envoy"]["router_address"] == "127.0.0.1"
     policy = by_kind(objects)["NetworkPolicy"]["spec"]
     rules = {tuple(p["port"] for p in rule["ports"]): rule for rule in policy["ingress"]}
-    assert set(rules) == {(8080,), (9090,)}  # nothing admits 50051
+    assert set(rules) == {(8080,), (9090, 9902)}  # nothing admits 50051 (nor Envoy's admin, 9901)
     assert "from" not in rules[(8080,)]  # the gateway is for everyone
-    (source,) = rules[(9090,)]["from"]  # /metrics only for the monitoring namespace, never every pod
+    # /metrics and Envoy's stats only for the monitoring namespace, never every pod
+    (source,) = rules[(9090, 9902)]["from"]
     assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert "podSelector" not in source
     # Egress: DNS, and the ports backends (443, 8000, 8080), a remote engine (7997) and a shared
@@ -152,7 +153,24 @@ def test_promtool_checks_scrape_config_and_alert_rules():
     rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} == {
         "SemanticRouterDown", "SemanticRouterFallbackRatioHigh", "SemanticRouterProcessingLatencyHigh",
-        "SemanticRouterQueueNearFull", "SemanticRouterRemoteEngineDown"}
+        "SemanticRouterQueueNearFull", "SemanticRouterRemoteEngineDown", "SemanticRouterEnvoyFailOpen",
+        "SemanticRouterExtProcFailing"}
+
+
+def test_prometheus_scrapes_the_model_daemonset_and_envoys_own_stats():
+    jobs = {j["job_name"]: j for j in yaml.safe_load((ROOT / "deploy/prometheus/kubernetes-scrape-job.yml").read_text())["scrape_configs"]}
+    keep = jobs["semantic-router"]["relabel_configs"][0]
+    assert re.fullmatch(keep["regex"].split()[0], "semantic-router-model")  # the DaemonSet's pods too
+    model_pod = by_kind(kustomize(K8S / "overlays/node-model"))["DaemonSet"]["spec"]["template"]["metadata"]
+    assert model_pod["annotations"]["prometheus.io/scrape"] == "true"
+    envoy_job = jobs["semantic-router-envoy"]
+    assert envoy_job["metrics_path"] == "/stats/prometheus"
+    port_rule = next(r for r in envoy_job["relabel_configs"] if r["source_labels"] == ["__meta_kubernetes_pod_container_port_name"])
+    pod = by_kind(kustomize(K8S / "base"))["Deployment"]["spec"]["template"]["spec"]
+    envoy = next(c for c in pod["containers"] if c["name"] == "envoy")
+    (port,) = [p for p in envoy["ports"] if p["name"] == port_rule["regex"]]
+    router_cfg = yaml.safe_load((K8S / "base" / "router.yaml").read_text())
+    assert port["containerPort"] == router_cfg["envoy"]["stats_port"]
 
 
 def exported_names() -> set[str]:

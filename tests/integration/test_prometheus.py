@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -74,3 +75,37 @@ def test_prometheus_scrapes_batches_and_routes(stack, prometheus):
     assert routes, "route counters not scraped"
     mean = query(prometheus, "sum(semantic_router_batch_size_sum) / sum(semantic_router_batch_size_count)")
     assert mean and float(mean[0]["value"][1]) >= 1.0
+
+
+def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(tmp_path, envoy_binary):
+    """The rendered stats listener (envoy.stats_port) answers /stats/prometheus with the ext_proc
+    counters the fail-open alerts use; the admin's other endpoints (drain, quit) are not reachable."""
+    import dataclasses
+
+    from devstack.readiness import http_ok, wait_ready
+    from devstack.stack import ROOT, free_port
+    from extproc.envoy_config import render_yaml
+    from router.config import load_config
+
+    cfg = load_config(ROOT / "router.yaml")
+    listen, admin, stats = free_port(), free_port(), free_port()
+    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, listen_port=listen, admin_port=admin,
+                                                             stats_port=stats))
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy = subprocess.Popen([envoy_binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, lambda: "")
+        text = httpx.get(f"http://127.0.0.1:{stats}/stats/prometheus", timeout=10).text
+        rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
+        used = {n for r in rules for n in re.findall(r"\b(envoy_[a-z0-9_]+)", r["expr"])}
+        assert used >= {"envoy_http_ext_proc_failure_mode_allowed", "envoy_http_ext_proc_streams_failed"}
+        exported = set(re.findall(r"^(envoy_[a-z0-9_]+)\{", text, re.M))
+        assert used <= exported, used - exported
+        assert httpx.post(f"http://127.0.0.1:{stats}/quitquitquit", timeout=10).status_code == 404
+        assert httpx.get(f"http://127.0.0.1:{stats}/config_dump", timeout=10).status_code == 404
+        assert envoy.poll() is None
+    finally:
+        envoy.terminate()
+        envoy.wait(timeout=30)
