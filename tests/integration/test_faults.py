@@ -89,7 +89,9 @@ def test_slow_model_falls_back_within_the_deadline(faulty):
 
 def test_overload_falls_back_at_once_and_is_counted(faulty):
     stack, backend = faulty
-    before = metric(scrape(stack.metrics_url), "semantic_router_requests_total", 'outcome="fallback_overload"')
+    text = scrape(stack.metrics_url)
+    before = metric(text, "semantic_router_requests_total", 'outcome="fallback_overload"')
+    quick_before = metric(text, "semantic_router_processing_seconds_bucket", 'le="0.1"')
     backend.mode, backend.delay = "slow", 0.4
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda _: ask(stack), range(12)))
@@ -97,7 +99,13 @@ def test_overload_falls_back_at_once_and_is_counted(faulty):
     reasons = [r.headers["x-semantic-route-reason"] for r, _ in results]
     assert all(r.status_code == 200 for r, _ in results)
     assert "fallback_overload" in reasons
-    overloaded = [t for (r, t) in results if r.headers["x-semantic-route-reason"] == "fallback_overload"]
-    assert min(overloaded) < 0.4  # refused without waiting for the model
-    after = metric(scrape(stack.metrics_url), "semantic_router_requests_total", 'outcome="fallback_overload"')
+    # Refused without waiting for the model: the router answered each within 0.1 s of its body (its
+    # own clock; what the client sees also holds Envoy and the mock backends, which share this
+    # process and its GIL with the in-process router and 12 client threads: alone, this test saw
+    # every answer at ~0.45 s, also before the adversarial work).
+    text = scrape(stack.metrics_url)
+    quick = metric(text, "semantic_router_processing_seconds_bucket", 'le="0.1"') - quick_before
+    # Up to max_queue_requests (2) admitted ones may be refused late instead, when their batch is cut.
+    assert quick >= reasons.count("fallback_overload") - 2 >= 1
+    after = metric(text, "semantic_router_requests_total", 'outcome="fallback_overload"')
     assert after - before == reasons.count("fallback_overload")
