@@ -86,8 +86,13 @@ def thread_names(pid: int) -> collections.Counter[str]:
 
 
 def settled_threads(pid: int, baseline: collections.Counter[str],
-                    timeout: float = GRPC_IDLE_THREAD_LIMIT_S + 10) -> collections.Counter[str]:
-    """The process's threads once none is beyond `baseline`, or as they stand after `timeout`."""
+                    timeout: float | None = None) -> collections.Counter[str]:
+    """The process's threads once none is beyond `baseline`, or as they stand after `timeout`
+    (default: gRPC's idle limit for each elastic worker beyond the baseline, since it reclaims
+    them one at a time, plus 10 s; the suite saw one left after a single limit's wait)."""
+    if timeout is None:
+        extra = (thread_names(pid) - baseline).get(GRPC_ELASTIC_THREAD, 0)
+        timeout = GRPC_IDLE_THREAD_LIMIT_S * max(1, extra + 1) + 10
     deadline = time.monotonic() + timeout
     while (names := thread_names(pid)) - baseline and time.monotonic() < deadline:
         time.sleep(0.5)
