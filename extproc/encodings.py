@@ -32,9 +32,11 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
         if encoding in ("gzip", "x-gzip"):
             return _bounded(gzip.GzipFile(fileobj=io.BytesIO(raw)), limit)
         if encoding == "zstd":
-            return _bounded(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True), limit)
+            out = _bounded(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True), limit)
+            _zstd_whole(raw)
+            return out
         if encoding == "br":
-            return _brotli(raw, limit)
+            return _bounded(_BrotliReader(raw), limit)
     except (OSError, EOFError, zlib.error, zstandard.ZstdError, brotli.error) as exc:
         raise BadBody("bad_encoding", f"body does not decode as {encoding}: {type(exc).__name__}") from None
     raise BadBody("encoded", f"content-encoding {encoding!r} is not supported")
@@ -54,18 +56,37 @@ def _bounded(reader, limit: int) -> bytes:
     return b"".join(out)
 
 
-def _brotli(raw: bytes, limit: int) -> bytes:
-    d, out, size = brotli.Decompressor(), [], 0
-    for i in range(0, max(len(raw), 1), _CHUNK):
-        piece = d.process(raw[i:i + _CHUNK], output_buffer_limit=_CHUNK)
+def _zstd_whole(raw: bytes) -> None:
+    """Raises ZstdError unless every frame of `raw` ends: the bounded reader takes a cut stream
+    for a short one (it gave half a body, which the router would have routed on). Run after that
+    reader, so each frame's output is known to be within the limit."""
+    rest = raw
+    while rest:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        frame.decompress(rest)
+        if not frame.eof:
+            raise zstandard.ZstdError("truncated")
+        rest = frame.unused_data
+
+
+class _BrotliReader:
+    """brotli's streaming decompressor read like a file, at most `n` bytes of output a read, so
+    _bounded stops it at the limit as it stops the others."""
+
+    def __init__(self, raw: bytes):
+        self._d, self._raw, self._at = brotli.Decompressor(), raw, 0
+
+    def read(self, n: int) -> bytes:
         while True:
-            out.append(piece)
-            size += len(piece)
-            if size > limit:
-                raise _too_large(limit)
-            if d.can_accept_more_data():
-                break
-            piece = d.process(b"", output_buffer_limit=_CHUNK)
-    if not d.is_finished():
-        raise brotli.error("truncated")
-    return b"".join(out)
+            # New input only once the last output is drained: after a limited call brotli takes
+            # only empty input until it can accept more.
+            chunk = b""
+            if self._at < len(self._raw) and self._d.can_accept_more_data():
+                chunk, self._at = self._raw[self._at:self._at + n], self._at + n
+            out = self._d.process(chunk, output_buffer_limit=n)
+            if out:
+                return out
+            if not chunk:  # nothing went in and nothing came out: the end, or a cut stream
+                if not self._d.is_finished():
+                    raise brotli.error("truncated")
+                return b""
