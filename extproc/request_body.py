@@ -184,6 +184,20 @@ def _members(text: str, stop_at: str | None = None, deadline: float | None = Non
         i = _SPACE.match(text, i + 1).end()
 
 
+def _top_level(text: str, deadline: float | None = None) -> dict[str, tuple[int, int] | None]:
+    """Key -> value span of every top-level member (_members); _DuplicateKey on a repeated key."""
+    spans: dict[str, tuple[int, int] | None] = {}
+    for key, start, end in _members(text, deadline=deadline):
+        if key in spans:
+            raise _DuplicateKey(key)
+        spans[key] = (start, end)
+    return spans
+
+
+def _duplicate(dup: _DuplicateKey) -> BadBody:
+    return BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object")
+
+
 def _decode(text: str, start: int, end: int) -> Any:
     value, stop = _DECODER.raw_decode(text, start)
     if stop != end:
@@ -235,12 +249,8 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
     """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
     reads; members are decoded only when read (see LazyObject). `guard`: also the guard's pieces."""
     text = _text(raw)
-    spans: dict[str, tuple[int, int] | None] = {}
     try:
-        for key, start, end in _members(text, deadline=deadline):
-            if key in spans:
-                raise _DuplicateKey(key)
-            spans[key] = (start, end)
+        spans = _top_level(text, deadline)
         data = LazyObject(text, spans)
         model = data.get("model")
         if model is not None and not isinstance(model, str):
@@ -248,7 +258,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         turns = extract_turns(data, path, policy, max_turns)
         pieces = guard_pieces(data, path, policy) if guard else ()
     except _DuplicateKey as dup:
-        raise BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object") from None
+        raise _duplicate(dup) from None
     except BadBody:
         raise
     except (ValueError, RecursionError):
@@ -300,15 +310,10 @@ def scan_unread(raw: bytes, deadline: float | None = None) -> tuple[str | None, 
     would read a model the router never saw. (None, None) when the body is not a JSON object."""
     try:
         text = _text(raw)
-        found: tuple[str | None, tuple[int, int] | None] = (None, None)
-        seen: set[str] = set()
-        for key, start, end in _members(text, deadline=deadline):
-            if key in seen:
-                raise BadBody("duplicate_key", f"key {key[:64]!r} appears twice in one object")
-            seen.add(key)
-            if key == "model":
-                found = _model_at(text, start, end)
-        return found
+        spans = _top_level(text, deadline)
+        return _model_at(text, *spans["model"]) if "model" in spans else (None, None)
+    except _DuplicateKey as dup:
+        raise _duplicate(dup) from None
     except BadBody as bad:
         if bad.kind in _NO_FALLBACK:
             raise
@@ -391,23 +396,32 @@ def content_text(content: Any, strip: tuple[str, ...] = ()) -> str | None:
     return content if content.strip() else None
 
 
+def _blocks(text: str, tag: str) -> Iterator[tuple[int, int, int, int]]:
+    """(start, content start, content end, end) of each whole <tag ...>...</tag> block of `text`.
+    Linear: a tag left open ends the search (a regex would rescan the rest of the text at every
+    unclosed one)."""
+    opening, closing = "<" + tag, "</" + tag + ">"
+    i = 0
+    while (j := text.find(opening, i)) >= 0:
+        k = j + len(opening)
+        if text[k : k + 1] not in (">", " ", "\n", "\t", "\r"):  # <tagname-longer>: not this tag
+            i = k
+            continue
+        end = text.find(closing, k)
+        if end < 0:
+            return
+        content = text.find(">", k, end)
+        yield j, (k if content < 0 else content + 1), end, end + len(closing)
+        i = end + len(closing)
+
+
 def _without_blocks(text: str, tags: tuple[str, ...]) -> str:
-    """`text` less every <tag ...>...</tag> block of `tags`. Linear: a tag left open ends the
-    search for that tag (a regex would rescan the rest of the text at every unclosed one)."""
+    """`text` less every <tag ...>...</tag> block of `tags`."""
     for tag in tags:
-        opening, closing = "<" + tag, "</" + tag + ">"
         kept, i = [], 0
-        while (j := text.find(opening, i)) >= 0:
-            k = j + len(opening)
-            if text[k : k + 1] not in (">", " ", "\n", "\t", "\r"):  # <tagname-longer>: not this tag
-                kept.append(text[i:k])
-                i = k
-                continue
-            end = text.find(closing, k)
-            if end < 0:
-                break
-            kept.append(text[i:j])
-            i = end + len(closing)
+        for start, _, _, stop in _blocks(text, tag):
+            kept.append(text[i:start])
+            i = stop
         if kept:
             kept.append(text[i:])
             text = "".join(kept)
@@ -511,15 +525,8 @@ def _blocks_and_rest(text: str, tags: tuple[str, ...]) -> Iterator[str]:
         yield text
         return
     for tag in tags:
-        opening, closing = "<" + tag, "</" + tag + ">"
-        i = 0
-        while (j := text.find(opening, i)) >= 0:
-            k = text.find(">", j)
-            end = text.find(closing, k) if k >= 0 else -1
-            if end < 0:
-                break
-            yield text[k + 1:end]
-            i = end + len(closing)
+        for _, start, end, _ in _blocks(text, tag):
+            yield text[start:end]
     yield _without_blocks(text, tags)
 
 
