@@ -74,10 +74,7 @@ class RouterServer:
         self.metrics_port = 0
         self._metrics_http = None
         self._reload_lock = asyncio.Lock()
-        # The utterance embeddings of the engine serving now (on self.embedder), and its config's
-        # version: a reload embeds only new utterances; the version is exported per process.
-        self._utterances: dict[str, np.ndarray] = {}
-        self._version: str | None = None
+        self._version: str | None = None  # of the config serving now, exported per process
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
         # What the file said at start (CLI flags may override server.*): reload warns against this.
@@ -178,11 +175,13 @@ class RouterServer:
         texts = sorted({u for r in config.routes for u in r.utterances} | set(config.default_route.utterances))
         # What the serving engine already embedded on this embedder costs nothing again: a reload
         # embeds only new utterances, a few at a time, so live requests are not refused for them.
-        known = self._utterances if embedder is self.embedder else {}
+        current = self.ext_proc.routing
+        same_encoder = current is not None and embedder is self.embedder
+        known = current[0].utterances if same_encoder else {}
         lookup = {t: known[t] for t in texts if t in known}
-        serving = self.ext_proc.routing is not None
         lookup.update(await embed_utterances(embedder, [t for t in texts if t not in lookup],
-                                             step=16 if serving else max(1, config.batching.max_queue_requests // 2)))
+                                             step=16 if current else max(1, config.batching.max_queue_requests // 2)))
+
         def encode(batch: Sequence[str]) -> np.ndarray:
             return np.stack([lookup[t] for t in batch])
 
@@ -190,8 +189,6 @@ class RouterServer:
         # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
         classifier = await on_own_thread(RouteClassifier, config, encode)
         # One cache across reloads on the same encoder: an embedding does not depend on routes.
-        current = self.ext_proc.routing
-        same_encoder = current is not None and embedder is self.embedder
         engine = RoutingEngine(config, embedder, classifier, current[0].cache if same_encoder else None,
                                utterances=lookup)
         return engine, await FilterChain.for_engine(engine)
@@ -200,7 +197,6 @@ class RouterServer:
         # Not a coroutine: the swap is atomic for every request on the event loop.
         self.config = config
         self.ext_proc.serve(engine, chain)
-        self._utterances = engine.utterances
         version = config_version(config)
         if self._version is not None and self._version != version:
             metrics.CONFIG_VERSION.labels(self.process, self._version).set(0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -149,20 +148,9 @@ class PromptGuard:
             return
         if len(pieces) > self.settings.max_pieces:
             return self._undecided(ctx, "too_many_pieces")
-        cache = ctx.engine.cache
-        found = [cache.peek(p) for p in pieces]
-        missing = [i for i, vector in enumerate(found) if vector is None]
-        computed = await asyncio.gather(
-            *(ctx.embedding() if pieces[i] == ctx.prompt else ctx.engine.embed(pieces[i], ctx.deadline)
-              for i in missing),
-            return_exceptions=True)
-        for i, vector in zip(missing, computed):
-            found[i] = vector
-        failed = next((f for f in computed if isinstance(f, BaseException)), None)
-        if failed is not None:
-            if not isinstance(failed, RoutingUnavailable):
-                raise failed
-            ctx.remember_failure(failed)  # routing would meet the same deadline, overload or model error
+        try:
+            found = await ctx.embeddings(pieces)
+        except RoutingUnavailable as failed:
             return self._undecided(ctx, failed.reason)
         score = float((np.stack(found) @ self._exemplars.T).max())
         if score < self.settings.threshold:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+import asyncio
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +53,6 @@ class RequestContext:
         """The request's own prompt (its last user turn): what prompt filters read."""
         return self.turns[-1] if self.turns else None
 
-    def remember_failure(self, failure: RoutingUnavailable) -> None:
-        """A filter's own embedding failed: the prompt's is taken as failed too (if not yet
-        computed), so the request neither resubmits its text nor waits again."""
-        if self._embedding is None:
-            self._embedding = failure
-
     async def embedding(self) -> np.ndarray:
         """The prompt's embedding, asked of the engine once: a failure is remembered like a result,
         so a second filter neither resubmits the prompt nor waits again. Raises RoutingUnavailable."""
@@ -69,3 +64,23 @@ class RequestContext:
         if isinstance(self._embedding, RoutingUnavailable):
             raise self._embedding
         return self._embedding
+
+    async def embeddings(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Embeddings of a filter's own texts (the prompt guard's pieces): cached ones read at once,
+        without a coroutine each, the rest embedded together, the request's prompt shared with
+        routing. Raises RoutingUnavailable if any fails, and the prompt's embedding is then taken
+        as failed too (if not yet computed): routing would meet the same deadline, overload or
+        model error, so the request neither resubmits its text nor waits again."""
+        found: list = [self.engine.cache.peek(t) for t in texts]
+        missing = [i for i, vector in enumerate(found) if vector is None]
+        computed = await asyncio.gather(
+            *(self.embedding() if texts[i] == self.prompt else self.engine.embed(texts[i], self.deadline)
+              for i in missing),
+            return_exceptions=True)
+        for i, vector in zip(missing, computed):
+            if isinstance(vector, BaseException):
+                if isinstance(vector, RoutingUnavailable) and self._embedding is None:
+                    self._embedding = vector
+                raise vector
+            found[i] = vector
+        return found

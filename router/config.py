@@ -276,7 +276,6 @@ class EnvoyConfig:
     stats_port: int | None = None
 
     def __post_init__(self):
-        _require(self.stats_port is None or 1 <= self.stats_port <= 65535, "stats_port", "must be a port number")
         _require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
         for i, prefix in enumerate(self.passthrough_paths):
             _require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,
@@ -284,8 +283,9 @@ class EnvoyConfig:
         _require(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
         _require(self.max_heap_bytes >= 64 * 1024 * 1024, "max_heap_bytes", "must be at least 64 MiB")
         _require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")
-        for name in ("listen_port", "admin_port"):
-            _require(1 <= getattr(self, name) <= 65535, name, "must be a port number")
+        for name in ("listen_port", "admin_port", "stats_port"):
+            port = getattr(self, name)
+            _require(port is None or 1 <= port <= 65535, name, "must be a port number")
         _require(self.max_request_bytes >= 1024, "max_request_bytes", "must be at least 1024")
         _require(self.upstream_timeout_s > 0, "upstream_timeout_s", "must be positive")
 

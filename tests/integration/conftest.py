@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
 import time
+from pathlib import Path
 import urllib.request
 
 import httpx
 import pytest
 
 from devstack.envoy_binary import find_envoy
+from devstack.readiness import http_ok, wait_ready
+from extproc.envoy_config import render_yaml
 from devstack.stack import Stack, StackPorts, stack_with
 
 
@@ -82,3 +87,19 @@ def wait_for(predicate, timeout: float, what: str):
             return
         time.sleep(0.2)
     raise AssertionError(f"not reached within {timeout:.0f}s: {what}")
+
+
+@contextlib.contextmanager
+def envoy_alone(envoy_binary: str, config, workdir: Path):
+    """Envoy alone on `config`'s rendered bootstrap, ready; yields its process. With no router
+    answering, Envoy's fail-open sends LLM requests to the default backend."""
+    path = workdir / f"envoy-{config.envoy.listen_port}.yaml"
+    path.write_text(render_yaml(config))
+    envoy = subprocess.Popen([envoy_binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{config.envoy.admin_port}/ready"), 60, lambda: "")
+        yield envoy
+    finally:
+        envoy.terminate()
+        envoy.wait(timeout=30)

@@ -82,21 +82,15 @@ def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(
     counters the fail-open alerts use; the admin's other endpoints (drain, quit) are not reachable."""
     import dataclasses
 
-    from devstack.readiness import http_ok, wait_ready
     from devstack.stack import ROOT, free_port
-    from extproc.envoy_config import render_yaml
     from router.config import load_config
+    from tests.integration.conftest import envoy_alone
 
     cfg = load_config(ROOT / "router.yaml")
     listen, admin, stats = free_port(), free_port(), free_port()
     cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, listen_port=listen, admin_port=admin,
                                                              stats_port=stats))
-    path = tmp_path / "envoy.yaml"
-    path.write_text(render_yaml(cfg))
-    envoy = subprocess.Popen([envoy_binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, lambda: "")
+    with envoy_alone(envoy_binary, cfg, tmp_path) as envoy:
         text = httpx.get(f"http://127.0.0.1:{stats}/stats/prometheus", timeout=10).text
         rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
         used = {n for r in rules for n in re.findall(r"\b(envoy_[a-z0-9_]+)", r["expr"])}
@@ -106,6 +100,3 @@ def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(
         assert httpx.post(f"http://127.0.0.1:{stats}/quitquitquit", timeout=10).status_code == 404
         assert httpx.get(f"http://127.0.0.1:{stats}/config_dump", timeout=10).status_code == 404
         assert envoy.poll() is None
-    finally:
-        envoy.terminate()
-        envoy.wait(timeout=30)

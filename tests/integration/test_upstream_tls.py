@@ -16,11 +16,10 @@ import pytest
 from aiohttp import web
 
 from devstack.mock_backend import make_app
-from devstack.readiness import http_ok, wait_ready
 from devstack.stack import free_port
-from extproc.envoy_config import render_yaml
 from router.config import BackendConfig, load_config
 from tests.conftest import ROOT
+from tests.integration.conftest import envoy_alone
 
 NAME = "llm.backend.test"
 
@@ -83,18 +82,10 @@ def gateway_status(tmp: Path, envoy_binary: str, backend_port: int, ca_file: Pat
         envoy=dataclasses.replace(cfg.envoy, listen_port=listen, admin_port=admin),
         backends=(BackendConfig(model=cfg.default_route.model, address="127.0.0.1", port=backend_port, tls=True,
                                 sni=NAME, ca_file=str(ca_file)),) + backends)
-    config = tmp / f"envoy-{listen}.yaml"
-    config.write_text(render_yaml(cfg))
-    envoy = subprocess.Popen([envoy_binary, "-c", str(config), "--log-level", "error", "--disable-hot-restart"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, lambda: "")
+    with envoy_alone(envoy_binary, cfg, tmp):
         r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", timeout=30,
                        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
         return r.status_code
-    finally:
-        envoy.terminate()
-        envoy.wait(timeout=30)
 
 
 def test_a_backend_must_present_a_trusted_certificate_for_its_name(tmp_path, envoy_binary):
