@@ -19,11 +19,11 @@ def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
 COLUMNS = ("workload", "scenario", "throughput_rps", "p50_ms", "p95_ms", "p99_ms", "mean_batch", "padding", "errors")
 
 
-def print_table(rows: list[dict], file=sys.stdout) -> None:
-    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in COLUMNS}
-    print("  ".join(c.ljust(widths[c]) for c in COLUMNS), file=file)
+def print_table(rows: list[dict], file=sys.stdout, columns: Sequence[str] = COLUMNS) -> None:
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns), file=file)
     for r in rows:
-        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in COLUMNS), file=file)
+        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns), file=file)
 
 
 def _fmt(v) -> str:
@@ -34,9 +34,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def emit(result: dict, out_path: str | None) -> None:
+def emit(result: dict, out_path: str | None, columns: Sequence[str] = COLUMNS) -> None:
     """Readable table first, then the whole result as one JSON document."""
-    print_table(result["rows"])
+    print_table(result["rows"], columns=columns)
     if result.get("checks"):
         print()
         for name, check in result["checks"].items():

@@ -8,33 +8,12 @@ import time
 
 import pytest
 
+from bench.adversarial_parse import SHAPES
 from extproc.body_parser import BodyParser, ParseTimeout
 from extproc.request_body import MAX_DEPTH, BadBody, parse_body, scan_unread
 from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
-
-
-def _join(parts, n):
-    return b",".join(parts(i) for i in range(n))
-
-
-# name -> body of about `size` bytes, each the worst case of one cost: keys in one object (one of
-# them repeated), top-level members, empty containers, messages, escapes, harness tags, quotes.
-SHAPES = {
-    "many_keys_one_repeated": lambda size: b'{"model":"auto","messages":[{"k0":0,'
-    + _join(lambda i: b'"k%d":1' % i, size // 9) + b',"role":"user","content":"hi"}]}',
-    "top_level_members": lambda size: b"{" + _join(lambda i: b'"k%d":1' % i, size // 9) + b',"model":"auto"}',
-    "empty_arrays": lambda size: b'{"model":"auto","x":[' + b",".join([b"[]"] * (size // 3)) + b"]}",
-    "empty_objects": lambda size: b'{"model":"auto","x":[' + b",".join([b"{}"] * (size // 3)) + b"]}",
-    "many_turns": lambda size: b'{"model":"auto","messages":['
-    + b",".join([b'{"role":"user","content":"a <system-reminder>x</system-reminder>"}'] * (size // 64)) + b"]}",
-    "escapes": lambda size: b'{"model":"auto","messages":[{"role":"user","content":"'
-    + b"\\u00e9\\\"" * (size // 8) + b'"}]}',
-    "open_tags": lambda size: b'{"model":"auto","messages":[{"role":"user","content":"'
-    + b"<system-reminder " * (size // 17) + b'"}]}',
-    "strings": lambda size: b'{"model":"auto","x":[' + b",".join([b'"\\\\"'] * (size // 5)) + b"]}",
-}
 
 
 def _cost(fn, raw: bytes) -> float:
