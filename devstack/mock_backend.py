@@ -56,9 +56,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
     headers = {"x-mock-backend": name}
     if body.get("stream"):
+        # A slow model on request: a pause before each chunk (rollout tests need a stream in flight).
+        pause = float(request.headers.get("x-mock-chunk-delay-ms", 0)) / 1000
         resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
         await resp.prepare(request)
         for i, piece in enumerate(text.split(" ")):
+            await asyncio.sleep(pause)
             chunk = {
                 "id": "chatcmpl-mock",
                 "object": "chat.completion.chunk",

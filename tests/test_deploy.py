@@ -145,6 +145,29 @@ def test_configmaps_carry_the_committed_configs():
     assert data["envoy.yaml"] == (K8S / "base" / "envoy.yaml").read_text()
 
 
+def test_envoy_drains_before_sigterm_within_the_grace_period(rendered):
+    """The preStop runs the drain script shipped in Envoy's ConfigMap against Envoy's own admin
+    address; its wait fits the grace period with the router's drain after it
+    (tests/integration/test_rollout.py runs the script against a real Envoy)."""
+    _, objects = rendered
+    kinds = by_kind(objects)
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    envoy = next(c for c in pod["containers"] if c["name"] == "envoy")
+    shell, script, admin, max_wait, settle = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    assert shell == "/bin/bash"
+    mount = next(m for m in envoy["volumeMounts"] if script.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    envoy_maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    (cm,) = envoy_maps
+    assert cm["data"][script.rsplit("/", 1)[1]] == (K8S / "base" / "envoy-drain.sh").read_text()
+    bootstrap = yaml.safe_load(cm["data"]["envoy.yaml"])["admin"]["address"]["socket_address"]
+    assert admin == f"{bootstrap['address']}:{bootstrap['port_value']}"
+    args = envoy["args"]
+    assert args[args.index("--drain-strategy") + 1] == "immediate"
+    assert int(args[args.index("--drain-time-s") + 1]) >= int(max_wait)
+    assert int(max_wait) + int(settle) + 20 <= pod["terminationGracePeriodSeconds"]
+
+
 def test_promtool_checks_scrape_config_and_alert_rules():
     promtool = tool("promtool")
     for args in (["check", "config", "deploy/prometheus/prometheus.yml"], ["check", "rules", "deploy/prometheus/alerts.yml"]):

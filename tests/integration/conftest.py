@@ -90,12 +90,12 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 @contextlib.contextmanager
-def envoy_alone(envoy_binary: str, config, workdir: Path):
-    """Envoy alone on `config`'s rendered bootstrap, ready; yields its process. With no router
-    answering, Envoy's fail-open sends LLM requests to the default backend."""
+def envoy_alone(envoy_binary: str, config, workdir: Path, args: tuple[str, ...] = ()):
+    """An Envoy of the test's own on `config`'s rendered bootstrap, ready; yields its process. With
+    no router answering, Envoy's fail-open sends LLM requests to the default backend."""
     path = workdir / f"envoy-{config.envoy.listen_port}.yaml"
     path.write_text(render_yaml(config))
-    envoy = subprocess.Popen([envoy_binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
+    envoy = subprocess.Popen([envoy_binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart", *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{config.envoy.admin_port}/ready"), 60, lambda: "")
