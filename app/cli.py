@@ -249,7 +249,9 @@ def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterCon
     """The config with its encoder fine-tuned on `data` (tuning/finetune.py), saved beside --out."""
     import logging
 
-    from model.encoder import resolve_device, resolve_model
+    from app.embedding import runtime
+    from model.encoder import resolve_device
+    from model.location import resolve_model
     from tuning.finetune import FinetuneSettings, finetune
 
     logging.getLogger("tuning.finetune").setLevel(logging.INFO)  # progress, every 50 steps
@@ -263,7 +265,12 @@ def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterCon
                         FinetuneSettings(epochs=args.finetune_epochs))
     print(f"fine-tuned {config.encoder.model} on {len(keep)} in-scope examples of {info['classes']} classes: "
           f"{info['steps']} steps of {info['batch']} pairs in {info['seconds']} s on {info['device']}; saved to {out_dir}")
-    return dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, model=str(out_dir.resolve())))
+    tuned = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, model=str(out_dir.resolve())))
+    if runtime(tuned) == "onnx":  # served (and scored below) on its export, made here where torch is
+        from model.export import ensure_export
+
+        print(f"exported to ONNX: {ensure_export(str(out_dir))[0]}")
+    return tuned
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -389,6 +396,24 @@ def cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """The ONNX export of the config's encoder model (encoder.backend onnx), made once per weights."""
+    from model.location import resolve_model
+
+    config = _load(args.config)
+    if config.encoder.remote is not None or config.encoder.socket is not None:
+        print("nothing to export: the encoder is a remote engine or a model process", file=sys.stderr)
+        return 0
+    try:
+        from model.export import ensure_export
+    except ImportError:
+        print("export needs torch and sentence-transformers (pip install 'semantic-router[torch]')", file=sys.stderr)
+        return 2
+    path, made = ensure_export(resolve_model(config.encoder.model), force=args.force)
+    print(f"{'exported' if made else 'up to date'}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="semantic-router", description="Semantic router for LLM traffic (Envoy ext_proc).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -413,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--metrics-port", type=int, help="serve /metrics here (default: none)")
     ms.add_argument("--log-level", default=os.environ.get("SEMANTIC_ROUTER_LOG_LEVEL", "info"))
     ms.set_defaults(func=cmd_model_server)
+
+    ex = sub.add_parser("export", help="export the config's encoder model to ONNX (encoder.backend onnx): "
+                        "once per model weights, into the model's own directory")
+    ex.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ex.add_argument("--force", action="store_true", help="export even if the existing one is current")
+    ex.set_defaults(func=cmd_export)
 
     classify = sub.add_parser("classify", help="print the route chosen for each text")
     classify.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

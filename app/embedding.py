@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
+import os
 from typing import Callable
 
 from batching import Backend, BatcherSettings, ContinuousBatcher
@@ -19,9 +21,28 @@ def make_backend(config: RouterConfig) -> Backend:
         from remote.backend import RemoteBackend
 
         return RemoteBackend(config.encoder.remote)
+    if runtime(config) == "onnx":
+        from model.onnx_encoder import OnnxEncoder
+
+        return OnnxEncoder(config.encoder)
     from model.encoder import SentenceEncoder
 
     return SentenceEncoder(config.encoder)
+
+
+def runtime(config: RouterConfig) -> str:
+    """`encoder.backend` resolved: auto is torch only where there is CUDA to run it on."""
+    backend, device = config.encoder.backend, config.encoder.device
+    if backend != "auto":
+        return backend
+    if device.startswith("cuda"):
+        return "torch"
+    # No NVIDIA device node, no CUDA: decided without importing torch (seconds, and memory).
+    if device == "auto" and os.path.exists("/dev/nvidiactl") and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        return "torch" if torch.cuda.is_available() else "onnx"
+    return "onnx"
 
 
 def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:

