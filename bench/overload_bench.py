@@ -72,6 +72,8 @@ def direct_response_bootstrap(router_port: int, listener: int, admin: int, route
     boot = render(on_stack_ports(load_config(router_config), ports))
     vhost = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
     for route in vhost["routes"]:
+        if "route" not in route:  # the gateway's own answers (404 for paths that are no LLM API)
+            continue
         cluster = route.pop("route")["cluster"]
         route["direct_response"] = {"status": 200, "body": {"inline_string": cluster}}
     return boot

@@ -44,6 +44,7 @@ def through_envoy(args, workdir: Path) -> list[dict]:
         for backend in BACKENDS:
             (workdir / backend).mkdir()
             proc, port = start_router(workdir / backend, "cpu", None, deadline_ms=500, encoder={"backend": backend})
+            stacks[backend] = (proc, None, None)
             listener = free_port()
             envoy = start_direct_envoy(workdir / f"envoy-{backend}.yaml", port, listener, free_port())
             stacks[backend] = (proc, envoy, listener)
@@ -62,10 +63,10 @@ def through_envoy(args, workdir: Path) -> list[dict]:
         return rows
     finally:
         for proc, envoy, _ in stacks.values():
-            envoy.terminate()
-            proc.terminate()
-            envoy.wait(30)
-            proc.wait(30)
+            for p in (envoy, proc):
+                if p is not None:
+                    p.terminate()
+                    p.wait(30)
 
 
 def model_alone(args) -> list[dict]:

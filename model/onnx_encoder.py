@@ -90,9 +90,9 @@ class OnnxEncoder(TunedEncoder):
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3  # errors only: its warnings are not structured logs
-        # Pool threads spinning between ops burn the CPU a neighbour or a CFS quota would give the
-        # event loop and the other pool thread (README, "Model runtime": contention).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("SEMANTIC_ROUTER_ORT_SPIN", "0"))
+        # Pool threads spinning between ops would burn CPU that the event loop, a neighbour or a CFS
+        # quota needs (torch's libgomp pools showed it: model/thread_policy.py). Not yet measured here.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(self._path, opts, providers=["CPUExecutionProvider"])
 
     def _apply_threads(self, n: int) -> None:
