@@ -1,1 +1,1 @@
-"""The embedding model behind the batcher: the sentence-transformers encoder, its torch thread count, the CPU budget."""
+"""The embedding model behind the batcher: its location and ONNX export, the two runtimes (ONNX Runtime, torch), their thread count, the CPU budget."""

@@ -72,7 +72,7 @@ class SentenceEncoder(TunedEncoder):
         self._traced = None
         if config.torchscript and self.device == "cpu" and not self.cpu_bf16:
             with single_threaded():
-                self._traced = trace(self.model, self.pad_id, self.max_seq_length)
+                self._traced = trace(self.model, self.max_seq_length)
         metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
@@ -120,7 +120,39 @@ def sentence_embeddings(model, input_ids, attention_mask):
     return torch.nn.functional.normalize(emb.float(), dim=-1)
 
 
-def trace(model, pad_id: int, max_seq_length: int):
+def forward_module(model):
+    """`model` as a module of (input_ids, attention_mask) -> sentence_embeddings: the signature a
+    TorchScript trace and an ONNX export need."""
+    import torch
+
+    class Forward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return sentence_embeddings(self.model, input_ids, attention_mask)
+
+    return Forward().eval()
+
+
+def check_batches(model, max_seq_length: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(input_ids, attention_mask) batches a converted model (trace, export) is checked on against the
+    eager one: odd and full lengths, token ids drawn from the vocabulary, the first row half padding
+    (the mask must be honoured)."""
+    pad_id = model.tokenizer.pad_token_id or 0
+    top = min(20000, len(model.tokenizer))
+    out = []
+    for n, length in ((1, 3), (3, 16), (5, 41), (2, max_seq_length)):
+        ids = np.random.default_rng(n * 1000 + length).integers(pad_id + 1, top, size=(n, length), dtype=np.int64)
+        mask = np.ones((n, length), dtype=np.int64)
+        mask[0, length // 2 :] = 0
+        ids[0, length // 2 :] = pad_id
+        out.append((ids, mask))
+    return out
+
+
+def trace(model, max_seq_length: int):
     """The model as one TorchScript graph, or None where tracing fails or changes the output.
 
     Why: eager PyTorch returns to Python (and takes the GIL) between every op, and the router's
@@ -130,27 +162,12 @@ def trace(model, pad_id: int, max_seq_length: int):
     """
     import torch
 
-    class Forward(torch.nn.Module):  # the (input_ids, attention_mask) signature a trace needs
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return sentence_embeddings(self.model, input_ids, attention_mask)
-
-    def inputs(n: int, length: int):
-        ids = torch.full((n, length), pad_id + 1, dtype=torch.int64)
-        mask = torch.ones((n, length), dtype=torch.int64)
-        mask[0, length // 2 :] = 0  # padding inside the batch: the mask must be honoured
-        ids[0, length // 2 :] = pad_id
-        return ids, mask
-
+    batches = [(torch.from_numpy(ids), torch.from_numpy(mask)) for ids, mask in check_batches(model, max_seq_length)]
     try:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TracerWarnings: the check below is what counts
-            traced = torch.jit.freeze(torch.jit.trace(Forward().eval(), inputs(2, 16), check_trace=False, strict=False))
-            for n, length in ((1, 3), (3, 16), (5, 41), (2, max_seq_length)):
-                ids, mask = inputs(n, length)
+            traced = torch.jit.freeze(torch.jit.trace(forward_module(model), batches[1], check_trace=False, strict=False))
+            for ids, mask in batches:
                 got, want = traced(ids, mask), sentence_embeddings(model, ids, mask)
                 if got.shape != want.shape or not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
                     log.warning("torchscript trace differs from the eager model; running eager")

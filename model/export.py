@@ -17,16 +17,15 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch  # first: an ImportError here says this install (torch-free) has no exporter
 
-import torch  # noqa: F401  (import errors first: a torch-free install has no exporter)
-
+from model.encoder import check_batches, forward_module, sentence_embeddings
 from model.location import EXPORT_SOURCE, export_is_current, export_path, export_source
+from model.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
 
 OPSET = 17
-# The export is checked against the torch model on these (batch, length) shapes, padding inside.
-CHECK_SHAPES = ((1, 3), (3, 16), (5, 41), (2, 128))
 CHECK_ATOL = 1e-4
 
 
@@ -38,13 +37,8 @@ def ensure_export(model_dir: str, force: bool = False) -> tuple[Path, bool]:
 
 
 def export(model_dir: str) -> Path:
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from model.encoder import sentence_embeddings
-    from model.torch_threads import single_threaded
-
     import transformers
+    from sentence_transformers import SentenceTransformer
 
     transformers.utils.logging.disable_progress_bar()  # no progress bars in structured logs
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,30 +46,21 @@ def export(model_dir: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with single_threaded():
         model = SentenceTransformer(model_dir, device="cpu").eval()
-
-    class Forward(torch.nn.Module):  # (input_ids, attention_mask) -> unit-length float32 rows
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return sentence_embeddings(self.model, input_ids, attention_mask)
-
-    pad_id = model.tokenizer.pad_token_id or 0
+    batches = check_batches(model, model.max_seq_length)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx.tmp")
     os.close(fd)
     try:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings: the check below is what counts
-            ids, mask = _inputs(2, 16, pad_id)
+            ids, mask = batches[1]
             torch.onnx.export(
-                Forward().eval(), (torch.from_numpy(ids), torch.from_numpy(mask)), tmp,
+                forward_module(model), (torch.from_numpy(ids), torch.from_numpy(mask)), tmp,
                 input_names=["input_ids", "attention_mask"], output_names=["embedding"],
                 dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
                               "embedding": {0: "batch"}},
                 opset_version=OPSET, dynamo=False,
             )
-        _check(tmp, model, pad_id)
+        _check(tmp, model, batches)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -85,29 +70,14 @@ def export(model_dir: str) -> Path:
     return target
 
 
-def _inputs(n: int, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(n * 1000 + length)
-    ids = rng.integers(1000, 20000, size=(n, length), dtype=np.int64)
-    mask = np.ones((n, length), dtype=np.int64)
-    if n > 1:  # padding inside the batch: the mask must be honoured
-        mask[0, length // 2:] = 0
-        ids[0, length // 2:] = pad_id
-    return ids, mask
-
-
-def _check(path: str, model, pad_id: int) -> None:
+def _check(path: str, model, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
     import onnxruntime as ort
-    import torch
-
-    from model.encoder import sentence_embeddings
 
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    for n, length in CHECK_SHAPES:
-        length = min(length, model.max_seq_length)
-        ids, mask = _inputs(n, length, pad_id)
+    for ids, mask in batches:
         (got,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
         with torch.inference_mode():
             want = sentence_embeddings(model, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         if got.shape != want.shape or not np.allclose(got, want, atol=CHECK_ATOL):
-            raise RuntimeError(f"the ONNX export differs from the torch model at batch {n} x {length} tokens "
-                               f"(max abs difference {np.abs(got - want).max():.2e})")
+            raise RuntimeError(f"the ONNX export differs from the torch model at batch {ids.shape[0]} x "
+                               f"{ids.shape[1]} tokens (max abs difference {np.abs(got - want).max():.2e})")

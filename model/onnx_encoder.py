@@ -66,7 +66,8 @@ class OnnxEncoder(TunedEncoder):
         self._sessions = {n: self._session(n) for n in counts}
         self._session_now = self._sessions[counts[0]]
 
-        self.max_seq_length = min(config.max_seq_length or model_max_seq_length(model_dir), model_max_seq_length(model_dir))
+        limit = model_max_seq_length(model_dir)
+        self.max_seq_length = min(config.max_seq_length or limit, limit)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_seq_length)
@@ -112,12 +113,12 @@ def export_now(spec: str, model_dir: Path) -> None:
     """A model with no current export (fine-tuned, or copied in without one) is exported at load
     where torch is installed: seconds, once. A torch-free install cannot, and says what to run."""
     try:
-        from model.export import ensure_export
+        from model.export import export
     except ImportError:
         raise ValueError(f"encoder.model: {spec!r} has no current ONNX export in {model_dir / 'onnx'} and torch is "
                          f"not installed to make one ({EXPORT_HINT}, where torch is), or set encoder.backend: torch")
     log.warning("encoder.model has no current ONNX export: exporting it now", extra={"model": spec})
-    ensure_export(str(model_dir))
+    export(str(model_dir))
 
 
 def _probe(pad_id: int) -> tuple[np.ndarray, np.ndarray]:
