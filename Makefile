@@ -15,7 +15,7 @@ $(STAMP): requirements.lock pyproject.toml
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
 # directory; re-made only when the weights change (model/location.py).
 MODELS := $(VENV)/.models
-$(MODELS): $(STAMP) model/export.py model/location.py
+$(MODELS): $(STAMP) model/export.py model/location.py model/quantize.py
 	$(PY) -m app export --config router.yaml
 	touch $(MODELS)
 

@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from app import event_loop
 from router.config import ConfigError, RouterConfig, load_config
 from tuning.fit import OBJECTIVES
 
@@ -59,8 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if workers > 1:
             return pool.WorkerPool(config, args.config, workers, args.log_level).run()
-        asyncio.run(RouterServer(config, args.config).run_until_signal())
-    except PortInUse as exc:
+        event_loop.run(RouterServer(config, args.config).run_until_signal(), config.server.event_loop)
+    except (PortInUse, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from app import event_loop
 from router.config import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -297,4 +298,5 @@ def _worker_main(config: RouterConfig, config_path: Path | None, index: int, log
     from app.server import RouterServer
 
     server = RouterServer(config, config_path, pool_worker=index)
-    asyncio.run(server.run_until_signal(on_ready=lambda: events.put(("ready", name)), signals=(signal.SIGTERM,)))
+    event_loop.run(server.run_until_signal(on_ready=lambda: events.put(("ready", name)), signals=(signal.SIGTERM,)),
+                   config.server.event_loop)

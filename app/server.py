@@ -128,7 +128,8 @@ class RouterServer:
         log.info(
             "router serving",
             extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
-                   "device": getattr(self.backend, "device", "n/a")},
+                   "device": getattr(self.backend, "device", "n/a"),
+                   "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]},
         )
 
     async def _listen(self) -> None:

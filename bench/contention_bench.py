@@ -1,11 +1,14 @@
 """Does the router keep routing when it shares the CPUs? Bursts of unique short prompts through the
 ext_proc interface of a real router process, with the default 500 ms deadline:
 
-  neighbour  a CPU-bound process pinned to one core beside the router, against the router alone
+  neighbour  CPU-bound processes beside the router, against the router alone: one pinned to a core
+             (`pinned`), and one or two the scheduler moves freely (`unpinned1`, `unpinned2`: a node
+             without CPU pinning; pinning hides the stalls a descheduled model thread causes)
   quota      the router inside a 1-CPU CFS quota (cgroup v1 `cpu`), default thread policy against
              hand-tuned `encoder.cpu_threads`
 
-    python -m bench.contention_bench [--scenarios neighbour quota] [--trials 2] [--out result.json]
+    python -m bench.contention_bench [--scenarios neighbour quota] [--neighbours pinned unpinned1 unpinned2]
+                                     [--backend auto|onnx|torch] [--trials 2] [--out result.json]
 
 Trials are interleaved (alone / contended, policy after policy) and every figure of a comparison
 comes from the same run. The quota scenario needs root and the cgroup v1 `cpu` controller at
@@ -29,7 +32,7 @@ from bench.ext_proc_bench import ExtProcClient, start_router
 from bench.report import emit
 from bench.workloads import short_prompts
 
-ENCODER: dict = {}  # encoder settings every router of the run gets (--torchscript)
+ENCODER: dict = {}  # encoder settings every router of the run gets (--backend, --torchscript)
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 FALLBACKS = ("fallback_timeout", "fallback_overload", "fallback_error", "fallback_shutdown")
 
@@ -54,16 +57,22 @@ async def bursts(client: ExtProcClient, seed: int, n_bursts: int, size: int, con
     }
 
 
+NEIGHBOURS = {"pinned": [0], "unpinned1": [None], "unpinned2": [None, None]}
+
+
 @contextlib.contextmanager
-def neighbour(core: int = 0):
-    """A Python busy loop pinned to one core (what a CPU-bound sidecar or batch job does)."""
-    proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+def neighbour(kind: str = "pinned"):
+    """Python busy loops (what a CPU-bound sidecar or batch job does), each pinned to its core or
+    left to the scheduler (None)."""
+    procs = [subprocess.Popen([sys.executable, "-c", ("" if core is None else f"import os; os.sched_setaffinity(0, {{{core}}})\n")
+                               + "while True: pass"]) for core in NEIGHBOURS[kind]]
     try:
         time.sleep(0.3)
         yield
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -109,22 +118,26 @@ def _median(rows: list[dict]) -> dict:
 async def scenario_neighbour(args, workdir: Path) -> tuple[list[dict], dict]:
     rows, checks = [], {}
     for threads in args.policies:
-        alone, busy = [], []
+        alone: list[dict] = []
+        busy: dict[str, list[dict]] = {kind: [] for kind in args.neighbours}
         async with router(workdir, threads) as client:
             for t in range(args.trials):
                 alone.append(await bursts(client, 10 + t, args.bursts, args.size, args.concurrency))
-                with neighbour():
-                    busy.append(await bursts(client, 20 + t, args.bursts, args.size, args.concurrency))
-        a, b = _median(alone), _median(busy)
-        rows.append({"workload": _label(threads), "scenario": "alone_c32", **a})
-        rows.append({"workload": _label(threads), "scenario": "neighbour_c32", **b})
-        if threads is None:
-            ratio = b["throughput_rps"] / a["throughput_rps"]
-            checks["neighbour on one core: <= 1% fallbacks, throughput >= 0.6 x alone"] = {
-                "ok": b["worst_fallback_share"] <= 0.01 and ratio >= 0.6,
-                "detail": f"fallbacks {b['worst_fallback_share']:.1%} (worst trial), "
-                          f"{b['throughput_rps']} vs {a['throughput_rps']} req/s ({ratio:.2f}x)",
-            }
+                for i, kind in enumerate(args.neighbours):
+                    with neighbour(kind):
+                        busy[kind].append(await bursts(client, 20 + 10 * i + t, args.bursts, args.size, args.concurrency))
+        a = _median(alone)
+        rows.append({"workload": _label(threads), "scenario": f"alone_c{args.concurrency}", **a})
+        for kind, results in busy.items():
+            b = _median(results)
+            rows.append({"workload": _label(threads), "scenario": f"{kind}_c{args.concurrency}", **b})
+            if threads is None:
+                ratio = b["throughput_rps"] / a["throughput_rps"]
+                checks[f"{kind} neighbour(s): <= 1% fallbacks, throughput >= 0.6 x alone"] = {
+                    "ok": b["worst_fallback_share"] <= 0.01 and ratio >= 0.6,
+                    "detail": f"fallbacks {b['worst_fallback_share']:.1%} (worst trial), "
+                              f"{b['throughput_rps']} vs {a['throughput_rps']} req/s ({ratio:.2f}x)",
+                }
     return rows, checks
 
 
@@ -180,9 +193,11 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--quota", type=float, default=1.0, help="CPUs of CFS quota in the quota scenario")
     p.add_argument("--out")
-    p.add_argument("--torchscript", choices=["on", "off"], default="on")
+    p.add_argument("--neighbours", nargs="+", choices=list(NEIGHBOURS), default=list(NEIGHBOURS))
+    p.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto", help="encoder.backend")
+    p.add_argument("--torchscript", choices=["on", "off"], default="on", help="encoder.torchscript (torch)")
     args = p.parse_args()
-    ENCODER["torchscript"] = args.torchscript == "on"
+    ENCODER.update(backend=args.backend, torchscript=args.torchscript == "on")
     emit(asyncio.run(run(args)), args.out)
 
 

@@ -68,7 +68,7 @@ class ExtProcClient:
 
 def start_router(
     workdir: Path, device: str, cpu_threads: int | None, deadline_ms: float = 30000, cgroup: Path | None = None,
-    metrics_port: int | None = None, encoder: dict | None = None,
+    metrics_port: int | None = None, encoder: dict | None = None, server: dict | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """A router process on the default routes with the cache off (every request reaches the
     model); `cgroup`: a cgroup v1 directory the process joins before it starts (a CPU quota)."""
@@ -79,6 +79,7 @@ def start_router(
     if cpu_threads:
         config["encoder"]["cpu_threads"] = cpu_threads
     config["encoder"].update(encoder or {})
+    config["server"].update(server or {})
     return launch_router(workdir / "router.yaml", config, cgroup, metrics_port)
 
 

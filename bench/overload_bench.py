@@ -119,7 +119,7 @@ def model_side(before: dict, after: dict) -> dict:
     }
 
 
-def run_wrk(port: int, concurrency: int, seconds: float, script: Path) -> dict:
+def run_wrk(port: int, concurrency: int, seconds: float, script: Path, good: tuple[str, ...] = GOOD) -> dict:
     threads = min(2, concurrency)
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
@@ -129,11 +129,11 @@ def run_wrk(port: int, concurrency: int, seconds: float, script: Path) -> dict:
     reasons = json.loads(re.search(r"^REASONS (\{.*\})$", out, re.M).group(1))
     lat = dict(re.findall(r"(p50|p99|max)=(\d+)", out))
     total = sum(reasons.values())
-    good = sum(reasons.get(r, 0) for r in GOOD)
+    routed = sum(reasons.get(r, 0) for r in good)
     return {
         "scenario": f"envoy_c{concurrency}",
         "throughput_rps": round(total / seconds, 1),
-        "goodput_rps": round(good / seconds, 1),
+        "goodput_rps": round(routed / seconds, 1),
         "p50_ms": int(lat["p50"]) / 1000,
         "p99_ms": int(lat["p99"]) / 1000,
         "max_ms": int(lat["max"]) / 1000,

@@ -1,13 +1,20 @@
-"""The model runtime, side by side: encoder.backend onnx (the CPU default) against torch, each in a
-real router process (cache off, the default 500 ms deadline) behind its own Envoy whose routes answer
-directly, driven by `wrk` with unique prompts; trials interleaved, so both see the same machine.
+"""The model runtime and front end, side by side, each in a real router process (cache off, the
+default 500 ms deadline) behind its own Envoy whose routes answer directly, driven by `wrk` with
+unique prompts; trials interleaved, so all see the same machine. The variants:
 
-    python -m bench.runtime_bench [--trials 3] [--seconds 8] [--out result.json]
+  torch              encoder.backend torch on asyncio's loop: the router before ONNX and uvloop
+  onnx_fp32          ONNX Runtime, the fp32 export, uvloop
+  onnx_int8          the default: ONNX Runtime, int8 per token (model/quantize.py), uvloop
+  onnx_int8_asyncio  the default on asyncio's loop: what uvloop alone changes
 
-Per backend and trial: c1 (one request at a time: latency), c64 (throughput); the router's CPU per
+    python -m bench.runtime_bench [--trials 2] [--seconds 8] [--variants ...] [--out result.json]
+
+Per variant and trial: c1 (one request at a time: latency), c64 (throughput), and c64 with the
+model pinned (`"model": "code-model"`: no embedding, the front end alone); the router's CPU per
 routed request from its /proc utime + stime over the run. Then the model alone, offline, on CLINC150-
 like prompts: prompts/s at batch 1 and 32. Checks: the issue's targets (c64 >= 2x, CPU <= 0.5x,
-c1 p50 <= 0.5x, each the best trial of onnx against the best of torch). Needs wrk and envoy.
+c1 p50 <= 0.5x, each the best trial of the default against the best of torch; pinned CPU <= 0.4 ms).
+Needs wrk and envoy.
 """
 
 from __future__ import annotations
@@ -20,13 +27,21 @@ import time
 from pathlib import Path
 
 from bench.ext_proc_bench import start_router
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy
 from bench.report import emit
 from bench.workloads import WORKLOADS
 from devstack.stack import free_port
 from router.config import EncoderConfig
 
-BACKENDS = ("torch", "onnx")
+VARIANTS = {
+    "torch": ({"backend": "torch"}, {"event_loop": "asyncio"}),
+    "onnx_fp32": ({"backend": "onnx", "precision": "fp32"}, {"event_loop": "uvloop"}),
+    "onnx_int8": ({"backend": "onnx", "precision": "int8"}, {"event_loop": "uvloop"}),
+    "onnx_int8_asyncio": ({"backend": "onnx", "precision": "int8"}, {"event_loop": "asyncio"}),
+}
+DEFAULT = "onnx_int8"
+# The same requests naming a backend model: pinned, no embedding; what the front end costs.
+PINNED_SCRIPT = WRK_SCRIPT.replace('{"model":"auto"', '{"model":"code-model"')
 COLUMNS = ("backend", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request",
            "fallback_timeout_share")
 
@@ -37,28 +52,30 @@ def cpu_seconds(pid: int) -> float:
 
 
 def through_envoy(args, workdir: Path) -> list[dict]:
-    script = workdir / "prompts.lua"
+    script, pinned = workdir / "prompts.lua", workdir / "pinned.lua"
     script.write_text(WRK_SCRIPT)
+    pinned.write_text(PINNED_SCRIPT)
     stacks = {}
     try:
-        for backend in BACKENDS:
-            (workdir / backend).mkdir()
-            proc, port = start_router(workdir / backend, "cpu", None, deadline_ms=500, encoder={"backend": backend})
-            stacks[backend] = (proc, None, None)
+        for name in args.variants:
+            encoder, server = VARIANTS[name]
+            (workdir / name).mkdir()
+            proc, port = start_router(workdir / name, "cpu", None, deadline_ms=500, encoder=encoder, server=server)
+            stacks[name] = (proc, None, None)
             listener = free_port()
-            envoy = start_direct_envoy(workdir / f"envoy-{backend}.yaml", port, listener, free_port())
-            stacks[backend] = (proc, envoy, listener)
+            envoy = start_direct_envoy(workdir / f"envoy-{name}.yaml", port, listener, free_port())
+            stacks[name] = (proc, envoy, listener)
             run_wrk(listener, 16, 2, script)  # warm-up
         rows = []
         for trial in range(args.trials):
-            for backend in BACKENDS if trial % 2 == 0 else reversed(BACKENDS):
-                proc, _, listener = stacks[backend]
-                for c in (1, 64):
+            for name in args.variants if trial % 2 == 0 else reversed(args.variants):
+                proc, _, listener = stacks[name]
+                for c, lua, scenario in ((1, script, None), (64, script, None), (64, pinned, "pinned_c64")):
                     before = cpu_seconds(proc.pid)
-                    row = run_wrk(listener, c, args.seconds, script)
+                    row = run_wrk(listener, c, args.seconds, lua, good=("model_pinned",) if scenario else GOOD)
                     routed = row["goodput_rps"] * args.seconds
                     spent = cpu_seconds(proc.pid) - before
-                    rows.append({"backend": backend, "trial": trial, **row,
+                    rows.append({"backend": name, "trial": trial, **row, **({"scenario": scenario} if scenario else {}),
                                  "cpu_ms_per_request": round(1000 * spent / routed, 3) if routed else None})
         return rows
     finally:
@@ -74,7 +91,8 @@ def model_alone(args) -> list[dict]:
     from model.onnx_encoder import OnnxEncoder
 
     encoders = {"torch": SentenceEncoder(EncoderConfig(backend="torch", device="cpu")),
-                "onnx": OnnxEncoder(EncoderConfig(backend="onnx"))}
+                "onnx_fp32": OnnxEncoder(EncoderConfig(backend="onnx", precision="fp32")),
+                "onnx_int8": OnnxEncoder(EncoderConfig(backend="onnx", precision="int8"))}
     texts = WORKLOADS["short"](512, seed=7)
     best: dict[tuple[str, int], float] = {}
     for _ in range(args.trials):
@@ -95,6 +113,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.runtime_bench")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--out")
     args = p.parse_args()
     if not shutil.which("wrk"):
@@ -108,14 +127,17 @@ def main() -> None:
         return (min if low else max)(vals) if vals else None
 
     ratios = {
-        "routed req/s at c64 through Envoy, onnx / torch (target >= 2.0)":
-            (best("onnx", "envoy_c64", "goodput_rps"), best("torch", "envoy_c64", "goodput_rps"), 2.0, False),
-        "router CPU per routed request at c64, onnx / torch (target <= 0.5)":
-            (best("onnx", "envoy_c64", "cpu_ms_per_request", True), best("torch", "envoy_c64", "cpu_ms_per_request", True), 0.5, True),
-        "c1 p50 latency through Envoy, onnx / torch (target <= 0.5)":
-            (best("onnx", "envoy_c1", "p50_ms", True), best("torch", "envoy_c1", "p50_ms", True), 0.5, True),
+        f"routed req/s at c64 through Envoy, {DEFAULT} / torch (target >= 2.0)":
+            (best(DEFAULT, "envoy_c64", "goodput_rps"), best("torch", "envoy_c64", "goodput_rps"), 2.0, False),
+        f"router CPU per routed request at c64, {DEFAULT} / torch (target <= 0.5)":
+            (best(DEFAULT, "envoy_c64", "cpu_ms_per_request", True), best("torch", "envoy_c64", "cpu_ms_per_request", True), 0.5, True),
+        f"c1 p50 latency through Envoy, {DEFAULT} / torch (target <= 0.5)":
+            (best(DEFAULT, "envoy_c1", "p50_ms", True), best("torch", "envoy_c1", "p50_ms", True), 0.5, True),
     }
     checks = {}
+    front_end = best(DEFAULT, "pinned_c64", "cpu_ms_per_request", True)
+    checks["router CPU per pinned request (front end alone), target <= 0.4 ms"] = {
+        "ok": front_end is not None and front_end <= 0.4, "detail": f"{front_end} ms"}
     for name, (new, old, target, lower) in ratios.items():
         ratio = new / old if new and old else float("nan")
         checks[name] = {"ok": ratio <= target if lower else ratio >= target, "detail": f"{new} vs {old}: {ratio:.2f}x"}

@@ -19,9 +19,9 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # The export lives in the model's own directory (sentence-transformers' layout for its ONNX backend),
 # so a config that names the model, copied anywhere, finds it; `source.json` says what it was made from.
 EXPORT_DIR = "onnx"
-EXPORT_FILE = "model.onnx"
+EXPORT_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}  # by encoder.precision
 EXPORT_SOURCE = "source.json"
-EXPORT_FORMAT = 1  # bumped when the exported graph's inputs or outputs change
+EXPORT_FORMAT = 2  # bumped when the exported graphs' inputs, outputs or files change (2: the int8 model)
 
 
 def resolve_model(spec: str) -> str:
@@ -42,8 +42,8 @@ def resolve_model(spec: str) -> str:
     return str(Path(module.get_model_path()))
 
 
-def export_path(model_dir: str | Path) -> Path:
-    return Path(model_dir) / EXPORT_DIR / EXPORT_FILE
+def export_path(model_dir: str | Path, precision: str = "fp32") -> Path:
+    return Path(model_dir) / EXPORT_DIR / EXPORT_FILES[precision]
 
 
 def weights_digest(model_dir: str | Path) -> str:
@@ -64,9 +64,8 @@ def export_source(model_dir: str | Path) -> dict:
 
 
 def export_is_current(model_dir: str | Path) -> bool:
-    path = export_path(model_dir)
     try:
-        recorded = json.loads((path.parent / EXPORT_SOURCE).read_text())
+        recorded = json.loads((Path(model_dir) / EXPORT_DIR / EXPORT_SOURCE).read_text())
     except (OSError, ValueError):
         return False
-    return path.is_file() and recorded == export_source(model_dir)
+    return all(export_path(model_dir, p).is_file() for p in EXPORT_FILES) and recorded == export_source(model_dir)

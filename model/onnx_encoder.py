@@ -56,7 +56,8 @@ class OnnxEncoder(TunedEncoder):
         if not export_is_current(model_dir):
             export_now(config.model, model_dir)
         self._ort = ort
-        self._path = str(export_path(model_dir))
+        self.precision = "fp32" if config.precision == "fp32" else "int8"
+        self._path = str(export_path(model_dir, self.precision))
         self.on_cpu = True
         self.device = "cpu"
         budget = cpu_quota.detect()
@@ -78,7 +79,7 @@ class OnnxEncoder(TunedEncoder):
         metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
-            extra={"model": config.model, "backend": "onnx", "device": "cpu", "max_seq_length": self.max_seq_length,
+            extra={"model": config.model, "backend": "onnx", "precision": self.precision, "device": "cpu", "max_seq_length": self.max_seq_length,
                    "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
                    "cpu_budget_from": budget.source, "model_threads": self.cpu_threads,
                    "model_threads_adaptive": self._tuner is not None},
