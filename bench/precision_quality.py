@@ -50,36 +50,41 @@ def with_encoder(config: Path, encoder: dict, out: Path) -> Path:
 
 def evaluate(config: Path, data: Path) -> dict:
     report = json.loads(cli("eval", "--config", str(config), "--data", str(data), "--json"))
-    figures = {k: report[k] for k in FIGURES if k in report}
+    figures = {k: report[k] for k in FIGURES if isinstance(report.get(k), (int, float))}
     shifted = report.get("shifted")
     if isinstance(shifted, dict) and isinstance(shifted.get("accuracy"), (int, float)):
         figures["shifted_accuracy"] = shifted["accuracy"]
     return figures
 
 
+def fit(base: Path, data: Path, out: Path, *flags: str) -> None:
+    if not out.exists():  # a resumed run (--workdir) keeps what an earlier one fitted
+        cli("fit", "--config", str(base), "--data", str(data), *flags, "--out", str(out))
+
+
 def recipe(name: str, runtime: str, work: Path, finetune: bool) -> dict[str, dict]:
     """stage -> figures, for one recipe under one runtime."""
     enc = RUNTIMES[runtime]
     d = work / f"{name}-{runtime}"
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     build = lambda script, train, *extra: subprocess.run(  # noqa: E731
         [sys.executable, str(ROOT / script), "--train", str(train), "--out", str(d / "base.yaml"), *extra],
         check=True, capture_output=True, cwd=ROOT)
     if name == "clinc150":
         build("examples/clinc150/build_config.py", CLINC / "train.jsonl")
         base = with_encoder(d / "base.yaml", enc, d / "base.yaml")
-        fit = ["--head", "--min-default-recall", "0.9"] + (["--finetune", "--finetune-epochs", "4"] if finetune else [])
-        cli("fit", "--config", str(base), "--data", str(CLINC / "train.jsonl"), *fit, "--out", str(d / "fitted.yaml"))
+        flags = ["--head", "--min-default-recall", "0.9"] + (["--finetune", "--finetune-epochs", "4"] if finetune else [])
+        fit(base, CLINC / "train.jsonl", d / "fitted.yaml", *flags)
         return {"base": evaluate(base, CLINC / "val.jsonl"), "fitted": evaluate(d / "fitted.yaml", CLINC / "val.jsonl")}
     if name == "clinc150-fewshot":
         build("examples/clinc150/build_config.py", CLINC / "train.jsonl", "--per-intent", "10")
         base = with_encoder(d / "base.yaml", enc, d / "base.yaml")
-        cli("fit", "--config", str(base), "--data", str(CLINC / "val.jsonl"), "--out", str(d / "fitted.yaml"))
+        fit(base, CLINC / "val.jsonl", d / "fitted.yaml")
         return {"fitted": evaluate(d / "fitted.yaml", CLINC / "val.jsonl")}
     if name == "sgd":
         build("examples/sgd/build_config.py", SGD / "train.jsonl")
         base = with_encoder(d / "base.yaml", enc, d / "base.yaml")
-        cli("fit", "--config", str(base), "--data", str(SGD / "train.jsonl"), "--head", "--out", str(d / "fitted.yaml"))
+        fit(base, SGD / "train.jsonl", d / "fitted.yaml", "--head")
         return {"base": evaluate(base, SGD / "dev.jsonl"), "fitted": evaluate(d / "fitted.yaml", SGD / "dev.jsonl")}
     raise SystemExit(f"unknown recipe {name!r}")
 
@@ -89,22 +94,26 @@ def main() -> None:
     p.add_argument("--recipes", nargs="+", default=["clinc150", "clinc150-fewshot", "sgd"])
     p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES))
     p.add_argument("--finetune", action="store_true")
+    p.add_argument("--workdir", type=Path, help="resume in an earlier run's directory: configs it fitted are kept")
     p.add_argument("--out")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-precision-"))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-precision-"))
+    print(f"working in {work}", flush=True)
     rows, checks = [], {}
     for name in args.recipes:
         results = {rt: recipe(name, rt, work, args.finetune) for rt in args.runtimes}
         for rt, stages in results.items():
             for stage, figures in stages.items():
                 rows.append({"recipe": name, "stage": stage, "runtime": rt, **figures})
+                print(json.dumps(rows[-1]), flush=True)
         if "torch" not in results:
             continue
         for rt in results:
             if rt == "torch":
                 continue
             worst = max((abs(v - results["torch"][stage][k]), f"{stage} {k}")
-                        for stage, figures in results[rt].items() for k, v in figures.items())
+                        for stage, figures in results[rt].items() for k, v in figures.items()
+                        if k in results["torch"][stage])
             checks[f"{name}: {rt} within {TOLERANCE} of torch on every figure"] = {
                 "ok": worst[0] <= TOLERANCE, "detail": f"largest difference {worst[0]:.4f} ({worst[1]})"}
     emit({"benchmark": "precision_quality", "rows": rows, "checks": checks}, args.out,
