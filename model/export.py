@@ -17,7 +17,7 @@ import torch  # first: an ImportError here says this install (torch-free) has no
 
 from model.encoder import check_batches, forward_module, sentence_embeddings
 from model.location import EXPORT_SOURCE, export_is_current, export_path, export_source
-from model.quantize import quantize_per_token
+from model.quantize import activation_ranges, calibration, quantize_per_token
 from model.torch_threads import single_threaded
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,11 @@ def export(model_dir: str) -> Path:
                 opset_version=OPSET, dynamo=False,
             )
         _check(tmp, model, batches)
-        quantize_per_token(tmp, tmp_int8)
+        tok = model.tokenizer
+        # ids from 1,000 up: BERT-family vocabularies start with reserved and special tokens
+        calib = calibration(tok.cls_token_id or 101, tok.sep_token_id or 102, min(1000, len(tok) // 10),
+                            min(20000, len(tok)))
+        quantize_per_token(tmp, tmp_int8, activation_ranges(tmp, calib))
         _check_int8(tmp_int8, tmp, batches)
         for path in (tmp, tmp_int8):
             os.chmod(path, 0o644)  # mkstemp's 0600 would hide the model from a non-root server
