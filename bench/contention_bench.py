@@ -8,7 +8,8 @@ ext_proc interface of a real router process, with the default 500 ms deadline:
              hand-tuned `encoder.cpu_threads`
 
     python -m bench.contention_bench [--scenarios neighbour quota] [--neighbours pinned unpinned1 unpinned2]
-                                     [--backend auto|onnx|torch] [--trials 2] [--out result.json]
+                                     [--backend auto|onnx|torch] [--precision auto|fp32|int8] [--trials 2]
+                                     [--out result.json]
 
 Trials are interleaved (alone / contended, policy after policy) and every figure of a comparison
 comes from the same run. The quota scenario needs root and the cgroup v1 `cpu` controller at
@@ -195,9 +196,12 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--neighbours", nargs="+", choices=list(NEIGHBOURS), default=list(NEIGHBOURS))
     p.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto", help="encoder.backend")
+    p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto", help="encoder.precision (onnx)")
     p.add_argument("--torchscript", choices=["on", "off"], default="on", help="encoder.torchscript (torch)")
     args = p.parse_args()
     ENCODER.update(backend=args.backend, torchscript=args.torchscript == "on")
+    if args.backend != "torch":
+        ENCODER["precision"] = args.precision
     emit(asyncio.run(run(args)), args.out)
 
 

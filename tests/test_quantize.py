@@ -1,0 +1,85 @@
+"""model/quantize.py on a small graph: per-token int8 keeps each row's result independent of the
+other rows (a huge row beside it changes nothing), stays close to fp32, and smoothing evens out an
+outlier channel that per-token scales alone lose precision to."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from model.quantize import activation_ranges, quantize_per_token
+
+RNG = np.random.default_rng(3)
+W1 = RNG.normal(0, 0.05, (64, 96)).astype(np.float32)
+W2 = RNG.normal(0, 0.05, (96, 32)).astype(np.float32)
+
+
+def two_layer_model(path) -> None:
+    """input_ids/attention_mask in (as the export's); x: 64 channels from each id, one of them an
+    outlier, growing with the id; y = relu(x W1) W2: two weight MatMuls the quantizer rewrites."""
+    spread = numpy_helper.from_array(RNG.normal(0, 1, (1, 64)).astype(np.float32), "spread")
+    outlier = np.ones((1, 64), np.float32)
+    outlier[0, 5] = 40.0  # one channel far larger than the rest, as LayerNorm outputs have
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["ids_f", "axis"], ["ids_3d"]),
+        helper.make_node("Mul", ["ids_3d", "spread"], ["x0"]),
+        helper.make_node("Sin", ["x0"], ["x1"]),
+        helper.make_node("Mul", ["x1", "outlier"], ["x2"]),
+        helper.make_node("Mul", ["x0", "small"], ["x3"]),  # grows with the id: a huge id, a huge row
+        helper.make_node("Add", ["x2", "x3"], ["x"]),
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="layer/dense/MatMul"),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("MatMul", ["hr", "w2"], ["embedding"], name="layer/output/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes, "two_layer",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["b", "t", 32])],
+        [numpy_helper.from_array(W1, "w1"), numpy_helper.from_array(W2, "w2"), spread,
+         numpy_helper.from_array(outlier, "outlier"), numpy_helper.from_array(np.array([-1], np.int64), "axis"),
+         numpy_helper.from_array(np.array(1e-4, np.float32), "small")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def run(path, ids: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def test_rows_are_quantized_alone_and_close_to_fp32(tmp_path):
+    fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    two_layer_model(fp32)
+    assert quantize_per_token(fp32, int8) == 2
+    ids = RNG.integers(1, 30000, (1, 12))
+    alone = run(int8, ids)
+    # beside a row whose values are all at the extremes: one scale for the batch would crush ours
+    beside = run(int8, np.concatenate([ids, np.full((1, 12), 10**6)]))[:1]
+    np.testing.assert_array_equal(alone, beside)
+    assert cosine(alone, run(fp32, ids)).min() > 0.995
+    ops = {n.op_type for n in onnx.load(str(int8)).graph.node}
+    assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weights(tmp_path):
+    fp32, plain, smoothed = tmp_path / "fp32.onnx", tmp_path / "plain.onnx", tmp_path / "smoothed.onnx"
+    two_layer_model(fp32)
+    calib = [(RNG.integers(1, 30000, (4, 16)), np.ones((4, 16), np.int64)) for _ in range(4)]
+    ranges = activation_ranges(fp32, calib)
+    assert set(ranges) == {"x", "hr"} and ranges["x"].argmax() == 5  # the outlier channel is seen
+    quantize_per_token(fp32, plain)
+    quantize_per_token(fp32, smoothed, ranges)
+    ids = RNG.integers(1, 30000, (8, 16))
+    want = run(fp32, ids)
+    error = {name: 1 - cosine(run(path, ids), want).mean() for name, path in (("plain", plain), ("smoothed", smoothed))}
+    assert error["smoothed"] < 0.5 * error["plain"], error
