@@ -2,7 +2,8 @@
 Envoy rendered from router.yaml whose routes answer directly (no backend caps the rate), in front
 of a real router process with the default 500 ms deadline.
 
-    python -m bench.overload_bench [--concurrency 64 256 512] [--seconds 10] [--out result.json]
+    python -m bench.overload_bench [--concurrency 64 256 512] [--seconds 10] [--backend B] [--precision P]
+                                   [--out result.json]
 
 Goodput counts answers the router routed (`matched` or `default`); every answer is classified by
 the `x-semantic-route-reason` Envoy copies onto it (`none`: Envoy answered without the router).
@@ -147,6 +148,8 @@ def main() -> None:
     p.add_argument("--concurrency", nargs="+", type=int, default=[64, 256, 512])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--trials", type=int, default=1, help="interleaved rounds over all concurrencies")
+    p.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto", help="encoder.backend")
+    p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto", help="encoder.precision (onnx)")
     p.add_argument("--out")
     args = p.parse_args()
     if not shutil.which("wrk"):
@@ -156,7 +159,9 @@ def main() -> None:
     script.write_text(WRK_SCRIPT)
     deadline_ms = load_config(ROOT / "router.yaml").server.deadline_ms
     metrics_port = free_port()
-    proc, router_port = start_router(workdir, "cpu", None, deadline_ms=deadline_ms, metrics_port=metrics_port)
+    encoder = {"backend": args.backend, **({"precision": args.precision} if args.backend != "torch" else {})}
+    proc, router_port = start_router(workdir, "cpu", None, deadline_ms=deadline_ms, metrics_port=metrics_port,
+                                     encoder=encoder)
     listener, admin = free_port(), free_port()
     envoy = start_direct_envoy(workdir / "envoy.yaml", router_port, listener, admin)
     rows: list[dict] = []

@@ -56,7 +56,7 @@ class OnnxEncoder(TunedEncoder):
         if not export_is_current(model_dir):
             export_now(config.model, model_dir)
         self._ort = ort
-        self.precision = "fp32" if config.precision == "fp32" else "int8"
+        self.precision = "int8" if config.precision == "int8" else "fp32"
         self._path = str(export_path(model_dir, self.precision))
         self.on_cpu = True
         self.device = "cpu"

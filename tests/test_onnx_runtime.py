@@ -1,5 +1,5 @@
 """encoder.backend onnx: the bundled model's export run by ONNX Runtime scores what torch scores
-(fp32) or close to it (int8, the default), a prompt's vector does not depend on its batch at either
+(fp32, the default) or close to it (int8), a prompt's vector does not depend on its batch at either
 precision, a stale export is noticed, and serving on it imports neither torch nor sentence-transformers."""
 
 from __future__ import annotations
@@ -136,4 +136,4 @@ def test_backend_is_validated():
         parse_config({**base, "encoder": {"backend": "torch", "precision": "int8"}})
     bundled = resolve_model("bundled:all-MiniLM-L6-v2")
     assert (export_path(bundled).name, export_path(bundled, "int8").name) == ("model.onnx", "model_int8.onnx")
-    assert OnnxEncoder(EncoderConfig(backend="onnx", cpu_threads=1)).precision == "int8"  # the default
+    assert OnnxEncoder(EncoderConfig(backend="onnx", cpu_threads=1)).precision == "fp32"  # the default
