@@ -286,7 +286,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
                    head_score=None if args.head_score == "auto" else args.head_score)
     if _is_conversations(args.data):
-        from tuning.conversations import fit_conversations, with_gate
+        from tuning.conversations import fit_conversations, routed_texts, with_gate
 
         if args.finetune:
             print("--finetune takes {text, label} data: a conversation's turns are no examples of their route",
@@ -296,7 +296,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         config = with_gate(config, config.conversation.gate)  # a gate is fitted for the track policy
         dialogues = _dialogues(config, args.data)
         encoder, classifier = _offline(config)
-        vectors = _vectors(encoder, sorted({t for d in dialogues for t in d.turns}))
+        vectors = _vectors(encoder, routed_texts(config, dialogues))
         before = _conversation_report(config, classifier, dialogues, vectors)
         result = fit_conversations(config, encoder.encode, dialogues, vectors, **options)
         after = _conversation_report(result.config, RouteClassifier(result.config, encoder.encode, head=result.head),

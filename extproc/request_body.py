@@ -349,20 +349,27 @@ def extract_turns(
     data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
 ) -> tuple[str, ...]:
     """The texts to route on, oldest first (see the module's docstring); () when the user wrote none."""
-    strip = policy.harness_tags
+    turns, system = conversation_of(data, path, policy.harness_tags)
+    return texts_to_route(turns, system, policy, max_turns)
+
+
+def conversation_of(data: dict[str, Any], path: str, strip: tuple[str, ...] = ()) -> tuple[list[str], str | None]:
+    """(the user's turns, oldest first; the system prompt or None) of a request body."""
     if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        turns, system = _legacy_prompt(data.get("prompt")), None
-    elif path.endswith("/responses"):
+        return _legacy_prompt(data.get("prompt")), None
+    if path.endswith("/responses"):
         items = data.get("input")
-        if isinstance(items, str):
-            turns = [t for t in [content_text(items, strip)] if t]
-        else:
-            turns = _user_turns(items, strip)
-        system = _joined([content_text(data.get("instructions")), _system_of(items)])
-    else:
-        messages = data.get("messages")
-        turns = _user_turns(messages, strip)
-        system = content_text(data.get("system")) if "system" in data else _system_of(messages)
+        turns = [t for t in [content_text(items, strip)] if t] if isinstance(items, str) else _user_turns(items, strip)
+        return turns, _joined([content_text(data.get("instructions")), _system_of(items)])
+    messages = data.get("messages")
+    return _user_turns(messages, strip), content_text(data.get("system")) if "system" in data else _system_of(messages)
+
+
+def texts_to_route(turns: list[str], system: str | None, policy: RequestsConfig = _DEFAULT_POLICY,
+                   max_turns: int = 1) -> tuple[str, ...]:
+    """What is embedded for a conversation: the one place the server, `eval` and `fit` build it.
+    `max_turns` > 1 (conversation.policy track): each of the last `max_turns` turns on its own; 1:
+    the last `prompt_turns` joined oldest first, the system prompt first if `include_system`."""
     cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
     if max_turns > 1:
         return tuple(_capped(t, cap) for t in turns[-max_turns:])

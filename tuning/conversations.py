@@ -1,8 +1,10 @@
 """Routing quality turn by turn on labelled conversations, and the conversation gate fitted on them.
 
-Data: JSONL lines {"messages": [{"role": "user"|"assistant"|..., "content": ...}, ...], "labels": [one
-route per user message, in order]} (the format of ../shared/data/sgd). User turn t is routed as a
-gateway sees it: with the user turns before it, under the config's `conversation` policy.
+Data: JSONL lines {"messages": [{"role": "user"|"assistant"|"system"|..., "content": ...}, ...], "labels":
+[one route per user message, in order]} (the format of ../shared/data/sgd). User turn t is routed as a
+gateway sees the request that ends with it: the texts come from extproc.request_body.texts_to_route
+(the server's own code) under the config's `conversation` and `requests` settings, system prompt
+included, and the decision from router.conversation.deciding_turn, as RoutingEngine.decide makes it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from extproc.request_body import content_text
+from extproc.request_body import content_text, conversation_of, texts_to_route
 from router.classifier import RouteClassifier
 from router.config import RouterConfig
 from router.conversation import deciding_turn
@@ -28,6 +30,13 @@ SHORT_WORDS = 6  # a user turn of at most this many words counts as a short foll
 class Dialogue:
     turns: list[str]  # the user's turns, oldest first
     labels: list[str]  # the route of each
+    systems: list[str | None] | None = None  # per turn, the system prompt of the request it ends
+
+    def routed(self, config: RouterConfig) -> list[tuple[str, ...]]:
+        """Per user turn, the texts the router embeds for the request that ends with it."""
+        systems = self.systems or [None] * len(self.turns)
+        return [texts_to_route(self.turns[: t + 1], systems[t], config.requests, config.conversation.turns_read)
+                for t in range(len(self.turns))]
 
 
 def is_conversation_data(path: str | Path) -> bool:
@@ -43,17 +52,20 @@ def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Seque
     allowed_set, strip = set(allowed), tuple(harness_tags)
 
     def parse(row: dict) -> Dialogue:
-        users = [m for m in row["messages"] if m["role"] == "user"]
+        messages = row["messages"]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         labels = row["labels"]
         if not isinstance(labels, list):
             raise TypeError("labels")
         if len(labels) != len(users):
             raise BadRecord(f"{len(labels)} labels for {len(users)} user messages")
-        kept = [(text, known_label(label, allowed_set)) for m, label in zip(users, labels)
-                if (text := content_text(m["content"], strip)) is not None]
+        top = {"system": row["system"]} if "system" in row else {}  # Anthropic's top-level system
+        kept = [(text, known_label(label, allowed_set), conversation_of({**top, "messages": messages[: i + 1]},
+                                                                        "/v1/chat/completions", strip)[1])
+                for i, label in zip(users, labels) if (text := content_text(messages[i]["content"], strip)) is not None]
         if not kept:
             raise BadRecord("no user message with text")
-        return Dialogue([text for text, _ in kept], [label for _, label in kept])
+        return Dialogue([text for text, _, _ in kept], [label for _, label, _ in kept], [system for _, _, system in kept])
 
     return read_records(path, parse, '{"messages": [{"role", "content"}, ...], "labels": [...]}', "conversations")
 
@@ -82,23 +94,16 @@ class TurnTable:
 
 
 def routed_texts(config: RouterConfig, dialogues: Sequence[Dialogue]) -> list[str]:
-    """The distinct texts the policy embeds: each turn (track), or each turn joined with the ones
-    before it (last_turns with prompt_turns > 1)."""
-    return sorted({t for d in dialogues for t in _routed(config, d)})
-
-
-def _routed(config: RouterConfig, dialogue: Dialogue) -> list[str]:
-    """The text each user turn is scored as."""
-    n = config.requests.prompt_turns if config.conversation.policy == "last_turns" else 1
-    if n == 1:
-        return dialogue.turns
-    return ["\n".join(dialogue.turns[max(0, t - n + 1) : t + 1]) for t in range(len(dialogue.turns))]
+    """The distinct texts the router embeds for every request of `dialogues`."""
+    return sorted({text for d in dialogues for texts in d.routed(config) for text in texts})
 
 
 def _turn_scores(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
-                 vectors: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Per dialogue, the scores of its routed texts: independent of the gate, so computed once."""
-    return [classifier.scores(np.stack([vectors[t] for t in _routed(config, d)])) for d in dialogues]
+                 vectors: dict[str, np.ndarray]) -> list[list[np.ndarray]]:
+    """Per dialogue and user turn, the scores of the texts its request is routed on (oldest first):
+    independent of the gate, so computed once."""
+    return [[classifier.scores(np.stack([vectors[t] for t in texts])) for texts in d.routed(config)]
+            for d in dialogues]
 
 
 def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
@@ -107,14 +112,13 @@ def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequen
     return _choices(config, classifier, _turn_scores(config, classifier, dialogues, vectors), config.conversation.gate)
 
 
-def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[np.ndarray],
+def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],
              gate: float | None) -> list[str]:
     names = [r.name for r in config.routes]
-    window = config.conversation.turns_read
     out = []
-    for scores in turn_scores:
-        for t in range(len(scores)):
-            _, choice = deciding_turn(classifier, scores[max(0, t - window + 1) : t + 1], gate)
+    for dialogue in turn_scores:
+        for scores in dialogue:
+            _, choice = deciding_turn(classifier, scores, gate)
             out.append(names[choice] if choice >= 0 else config.default_route.name)
     return out
 
@@ -146,8 +150,9 @@ def tune_gate(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequ
     """The gate (None: winning is decisive) that maximises `gate_objective` on `dialogues`, and its metrics."""
     table = TurnTable.of(dialogues)
     turn_scores = _turn_scores(config, classifier, dialogues, vectors)
+    own = np.stack([scores[-1] for dialogue in turn_scores for scores in dialogue])  # each turn's own text
     candidates: list[float | None] = [None] + [round(float(q), 4) for q in np.unique(
-        np.quantile(np.concatenate(turn_scores).max(axis=1), np.linspace(0.0, 0.99, 100)))]
+        np.quantile(own.max(axis=1), np.linspace(0.0, 0.99, 100)))]
     best = None
     for gate in candidates:
         m = conversation_metrics(table, _choices(config, classifier, turn_scores, gate))
@@ -166,10 +171,12 @@ def with_gate(config: RouterConfig, gate: float | None) -> RouterConfig:
     return dataclasses.replace(config, conversation=dataclasses.replace(config.conversation, policy="track", gate=gate))
 
 
-def turn_examples(dialogues: Sequence[Dialogue], vectors: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
-    """Every user turn as a labelled example (a turn such as "Yes." recurs under many labels: so a
-    head learns that it names no route)."""
-    texts = [t for d in dialogues for t in d.turns]
+def turn_examples(config: RouterConfig, dialogues: Sequence[Dialogue],
+                  vectors: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Every user turn as a labelled example, as the router embeds it (its own text, or joined with
+    the turns before it under last_turns); a turn such as "Yes." recurs under many labels: so a head
+    learns that it names no route."""
+    texts = [texts[-1] for d in dialogues for texts in d.routed(config)]
     return np.stack([vectors[t] for t in texts]), [label for d in dialogues for label in d.labels]
 
 
@@ -178,11 +185,11 @@ def fit_conversations(config: RouterConfig, encode, dialogues: Sequence[Dialogue
     """`tuning.fit.fit` on every user turn, and the gate chosen on held-out dialogues: fitted on the
     rest first, so the gate is judged on conversations the head has not seen."""
     train, tune = split_dialogues(dialogues, holdout, seed)
-    first = fit(config, encode, *turn_examples(train, vectors), seed=seed, **fit_args)
+    first = fit(config, encode, *turn_examples(config, train, vectors), seed=seed, **fit_args)
     gate, held_out = tune_gate(first.config, RouteClassifier(first.config, encode, head=first.head), tune, vectors)
     # The gate is on the scale of the first fit's scores: the second keeps them.
     fit_args["head_score"] = first.config.classifier.head_score
-    result = fit(config, encode, *turn_examples(dialogues, vectors), seed=seed, **fit_args)
+    result = fit(config, encode, *turn_examples(config, dialogues, vectors), seed=seed, **fit_args)
     result.notes[:0] = [f"on the dialogues the gate is not chosen on: {note}" for note in first.notes]
     result.config = with_gate(result.config, gate)
     result.notes.append(
