@@ -8,7 +8,9 @@ import numpy as np
 
 
 class Backend(Protocol):
-    """A model the batcher drives. Only the batcher's model thread calls `embed`."""
+    """A model the batcher drives. Only the batcher's model thread calls `embed`. A backend may also
+    have `close()`, which the batcher calls once its lanes have stopped (a remote engine's breaker
+    stops probing)."""
 
     def tokenize(self, texts: Sequence[str]) -> list[Sized]:
         """The model's input per text: token ids already truncated to what a local model accepts,

@@ -98,6 +98,9 @@ class ContinuousBatcher:
         until = time.monotonic() + drain_timeout
         for lane in self._threads[1:]:
             await loop.run_in_executor(None, lane.join, max(0.0, until - time.monotonic()))
+        close = getattr(self.backend, "close", None)  # optional: what a backend holds beyond its batches
+        if close is not None:
+            close()
 
     # -- the event-loop side ---------------------------------------------------------------
 

@@ -65,6 +65,10 @@ class RemoteBackend:
         self.breaker = CircuitBreaker(self._probe, on_change=lambda is_open: metrics.REMOTE_OPEN.set(int(is_open)))
         metrics.REMOTE_OPEN.set(0)
 
+    def close(self) -> None:
+        """No more probes: a backend swapped out on reload, or shut down, stops calling its engine."""
+        self.breaker.stop()
+
     def tokenize(self, texts: Sequence[str]) -> list[RemoteInput]:
         return [RemoteInput(t) for t in texts]
 

@@ -175,6 +175,28 @@ def test_a_down_engine_opens_the_breaker_nothing_is_sent_and_a_probe_closes_it(e
     asyncio.run(main())
 
 
+def test_a_closed_batcher_stops_its_backends_probes(engine):
+    """A remote backend swapped out on reload (or shut down) while its engine is down must not keep
+    probing that engine for ever from a thread nobody owns."""
+    async def main():
+        batcher = await start_batcher(config(engine.url, max_in_flight=1))
+        engine.status = 503
+        for i in range(5):
+            with pytest.raises(RemoteError):
+                await batcher.embed(f"a{i}", soon(5))
+        assert not batcher.backend.breaker.closed
+        posts = engine.posts
+        await asyncio.sleep(1.0)  # probes at 0.25 s, then 0.5 s
+        assert engine.posts > posts, "the open breaker probes"
+        await batcher.aclose()
+        await asyncio.sleep(0.3)  # a probe already under way may finish
+        posts = engine.posts
+        await asyncio.sleep(2.5)  # the next probe would come within 2 s
+        assert engine.posts == posts
+
+    asyncio.run(main())
+
+
 def test_inputs_the_engine_refuses_fail_alone_and_do_not_count_against_it(engine):
     async def main():
         batcher = await start_batcher(config(engine.url, max_in_flight=1))
