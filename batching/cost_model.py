@@ -62,11 +62,6 @@ class BatchCostModel:
             if self._n:
                 self._fixed, self._per_token = _fit(self._s, self._overhead)
 
-    @property
-    def overhead_tokens(self) -> float:
-        """The calibrated fixed part of a batch's cost, in tokens' worth (0: uncalibrated)."""
-        return self._overhead
-
     def predict(self, padded_tokens: float) -> float:
         """Seconds for one batch of `padded_tokens`; 0 before the model is ready."""
         if not self.ready:

@@ -46,11 +46,6 @@ class ParsedBody:
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
     guard: tuple[str, ...] = ()  # guard_pieces, when asked for
 
-    @property
-    def prompt(self) -> str | None:
-        """The request's own prompt (its last user turn): what prompt filters read."""
-        return self.turns[-1] if self.turns else None
-
 
 # Kinds a scan never falls back from: the body is refused (extproc.service.REFUSED).
 _NO_FALLBACK = ("duplicate_key", "too_deep")

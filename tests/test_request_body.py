@@ -27,7 +27,7 @@ def test_last_user_message_string_content():
         CHAT,
     )
     assert parsed.model == "auto"
-    assert parsed.prompt == "second question"
+    assert parsed.turns[-1] == "second question"
 
 
 def test_content_parts_keep_text_ignore_images():
@@ -39,7 +39,7 @@ def test_content_parts_keep_text_ignore_images():
         ]}]}),
         CHAT,
     )
-    assert parsed.prompt == "what is in\nthis picture"
+    assert parsed.turns[-1] == "what is in\nthis picture"
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_content_parts_keep_text_ignore_images():
     ],
 )
 def test_no_usable_prompt_is_none_not_an_error(obj):
-    assert parse_body(body(obj), CHAT).prompt is None
+    assert parse_body(body(obj), CHAT).turns == ()
 
 
 @pytest.mark.parametrize(
@@ -77,13 +77,13 @@ def test_unusable_bodies_raise_badbody_with_kind(raw, kind):
 
 
 def test_other_api_shapes():
-    assert parse_body(body({"model": "auto", "prompt": "complete this"}), "/v1/completions").prompt == "complete this"
-    assert parse_body(body({"model": "auto", "prompt": ["a", "b"]}), "/v1/completions").prompt == "b"
-    assert parse_body(body({"model": "auto", "input": "hello"}), "/v1/responses").prompt == "hello"
+    assert parse_body(body({"model": "auto", "prompt": "complete this"}), "/v1/completions").turns[-1] == "complete this"
+    assert parse_body(body({"model": "auto", "prompt": ["a", "b"]}), "/v1/completions").turns[-1] == "b"
+    assert parse_body(body({"model": "auto", "input": "hello"}), "/v1/responses").turns[-1] == "hello"
     items = {"model": "auto", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi there"}]}]}
-    assert parse_body(body(items), "/v1/responses").prompt == "hi there"
+    assert parse_body(body(items), "/v1/responses").turns[-1] == "hi there"
     anthropic = {"model": "auto", "system": "x", "messages": [{"role": "user", "content": "bonjour"}]}
-    assert parse_body(body(anthropic), "/v1/messages").prompt == "bonjour"
+    assert parse_body(body(anthropic), "/v1/messages").turns[-1] == "bonjour"
 
 
 def test_prompt_policy_turns_system_and_cap():
@@ -96,10 +96,10 @@ def test_prompt_policy_turns_system_and_cap():
         {"role": "user", "content": "second"},
         {"role": "user", "content": "third"},
     ]}
-    assert parse_body(body(convo), CHAT, RequestsConfig(prompt_turns=2)).prompt == "second\nthird"
-    assert parse_body(body(convo), CHAT, RequestsConfig(include_system=True)).prompt == "You are a maths tutor.\nthird"
+    assert parse_body(body(convo), CHAT, RequestsConfig(prompt_turns=2)).turns[-1] == "second\nthird"
+    assert parse_body(body(convo), CHAT, RequestsConfig(include_system=True)).turns[-1] == "You are a maths tutor.\nthird"
     long = {"model": "auto", "messages": [{"role": "user", "content": "x" * 100 + "END"}]}
-    capped = parse_body(body(long), CHAT, RequestsConfig(prompt_max_tokens=8)).prompt
+    capped = parse_body(body(long), CHAT, RequestsConfig(prompt_max_tokens=8)).turns[-1]
     assert capped.endswith("END") and len(capped) == 32
 
 
@@ -109,9 +109,9 @@ def test_anthropic_system_and_responses_instructions():
     policy = RequestsConfig(include_system=True)
     anthropic = {"model": "auto", "system": [{"type": "text", "text": "be terse"}],
                  "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
-    assert parse_body(body(anthropic), "/v1/messages", policy).prompt == "be terse\nhello"
+    assert parse_body(body(anthropic), "/v1/messages", policy).turns[-1] == "be terse\nhello"
     responses = {"model": "auto", "instructions": "answer in French", "input": "hi"}
-    assert parse_body(body(responses), "/v1/responses", policy).prompt == "answer in French\nhi"
+    assert parse_body(body(responses), "/v1/responses", policy).turns[-1] == "answer in French\nhi"
 
 
 def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
@@ -129,7 +129,7 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
             parsed = await parser.parse(good, "/v1/chat/completions", RequestsConfig())
             assert parser._pool is not None  # it went to the worker
             inline = parse_body(good, "/v1/chat/completions")
-            assert (parsed.model, parsed.prompt, parsed.model_span) == (inline.model, inline.prompt, inline.model_span)
+            assert (parsed.model, parsed.turns, parsed.model_span) == (inline.model, inline.turns, inline.model_span)
             assert parsed.data["x"][0] == 1250.0 and list(parsed.data) == ["model", "x", "messages"]
             with pytest.raises(BadBody) as bad:  # the kind crosses the process boundary
                 await parser.parse(dup, "/v1/chat/completions", RequestsConfig())
@@ -167,15 +167,15 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             pid = await parser.start()
             assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
             pool = parser._pool
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
             assert parser._pool is pool  # the started worker took it
             os.kill(pid, signal.SIGKILL)
             while _running(pid):
                 time.sleep(0.01)
             # The worker died: a new one takes this body (never the event loop).
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
             assert parser._pool is not None and parser._pool is not pool
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).prompt == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
         finally:
             parser.close()
 
@@ -229,7 +229,7 @@ def test_responses_items_read_user_messages_only():
         {"type": "message", "role": "user", "content": "<environment_details>cwd: /src</environment_details>try Bergen"},
     ]}
     assert turns(obj, "/v1/responses") == ("find flights to Oslo", "try Bergen")
-    system = parse_body(body(obj), "/v1/responses", RequestsConfig(include_system=True)).prompt
+    system = parse_body(body(obj), "/v1/responses", RequestsConfig(include_system=True)).turns[-1]
     assert system == "be brief\nharness rules\ntry Bergen"
 
 

@@ -38,6 +38,12 @@ def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
 SHIFTED_DEFAULT_SHARE = 0.2
 
 
+def shifted_accuracy(hit: np.ndarray, in_scope: np.ndarray, default_share: float) -> float:
+    """Accuracy were `default_share` of the traffic the default route's: each side's hit rate,
+    weighted (both sides must hold examples)."""
+    return (1 - default_share) * float(hit[in_scope].mean()) + default_share * float(hit[~in_scope].mean())
+
+
 def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[str], default: str,
              default_share: float = SHIFTED_DEFAULT_SHARE) -> dict:
     """`names` lists every class in report order (routes, then the default route). `shifted`: the
@@ -59,9 +65,7 @@ def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[st
     confusion = {t: {q: int(np.sum((y == t) & (p == q))) for q in names} for t in names}
     shifted = None
     if in_scope.any() and (~in_scope).any():
-        hit = y == p
-        shifted = {"default_share": default_share, "accuracy": round(
-            float((1 - default_share) * hit[in_scope].mean() + default_share * hit[~in_scope].mean()), 4)}
+        shifted = {"default_share": default_share, "accuracy": round(shifted_accuracy(y == p, in_scope, default_share), 4)}
     return {
         "examples": len(y),
         "accuracy": round(float(np.mean(y == p)), 4),

@@ -10,7 +10,7 @@ import numpy as np
 from router.classifier import RouteClassifier
 from router.config import ClassifierConfig, RouterConfig
 from router.head import LinearHead, train_head
-from tuning.evaluation import SHIFTED_DEFAULT_SHARE
+from tuning.evaluation import SHIFTED_DEFAULT_SHARE, shifted_accuracy
 
 TOP_K_CANDIDATES = (1, 3, 5, 10)
 HEAD_SCORES = ("probability", "energy")
@@ -20,7 +20,6 @@ HEAD_SCORES = ("probability", "energy")
 class FitResult:
     config: RouterConfig
     head: LinearHead | None
-    thresholds: np.ndarray
     notes: list[str]
 
 
@@ -42,8 +41,7 @@ def objective_function(truth: np.ndarray, objective: str = "shifted", min_defaul
 
     def value(chosen: np.ndarray) -> float:
         hit = chosen == truth
-        result = ((1 - weight) * float(hit[in_scope].mean()) + weight * float(hit[~in_scope].mean())
-                  if weight is not None else float(hit.mean()))
+        result = shifted_accuracy(hit, in_scope, weight) if weight is not None else float(hit.mean())
         if has_both and min_default_recall > 0:
             recall = float(hit[~in_scope].mean())
             if recall < min_default_recall:
@@ -160,7 +158,7 @@ def fit(
         notes.append("head retrained on all in-scope examples")
     routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
     config = dataclasses.replace(config, routes=routes)
-    return FitResult(config, head, thresholds, notes)
+    return FitResult(config, head, notes)
 
 
 def _on_scale(source: RouterConfig, classifier: ClassifierConfig) -> RouterConfig:
