@@ -43,7 +43,7 @@ def test_parser_returns_or_raises_badbody_only(raw, path, turns, system):
         assert bad.kind in {"empty", "not_json", "not_utf8", "not_object", "bad_model", "duplicate_key"}
         return
     assert isinstance(parsed.data, MutableMapping)
-    assert parsed.prompt is None or (isinstance(parsed.prompt, str) and parsed.prompt.strip())
+    assert all(isinstance(turn, str) and turn.strip() for turn in parsed.turns)
 
 
 def header_messages():
@@ -149,5 +149,5 @@ def test_only_utf8_is_accepted():
 def test_members_the_router_does_not_read_are_not_decoded_until_read():
     raw = b'{"model":"auto","x":[' + b",".join([b"1.5e3"] * 50000) + b'],"messages":[{"role":"user","content":"hi"}]}'
     parsed = parse_body(raw, "/v1/chat/completions")
-    assert parsed.prompt == "hi" and "x" not in parsed.data._values  # skipped, never built
+    assert parsed.turns == ("hi",) and "x" not in parsed.data._values  # skipped, never built
     assert parsed.data["x"][:2] == [1500.0, 1500.0] and list(parsed.data) == ["model", "x", "messages"]
