@@ -79,7 +79,8 @@ class OnnxEncoder(TunedEncoder):
         metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
-            extra={"model": config.model, "backend": "onnx", "precision": self.precision, "device": "cpu", "max_seq_length": self.max_seq_length,
+            extra={"model": config.model, "backend": "onnx", "precision": self.precision, "device": "cpu",
+                   "max_seq_length": self.max_seq_length,
                    "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
                    "cpu_budget_from": budget.source, "model_threads": self.cpu_threads,
                    "model_threads_adaptive": self._tuner is not None},

@@ -60,12 +60,18 @@ def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Seque
         if len(labels) != len(users):
             raise BadRecord(f"{len(labels)} labels for {len(users)} user messages")
         top = {"system": row["system"]} if "system" in row else {}  # Anthropic's top-level system
-        kept = [(text, known_label(label, allowed_set), conversation_of({**top, "messages": messages[: i + 1]},
-                                                                        "/v1/chat/completions", strip)[1])
-                for i, label in zip(users, labels) if (text := content_text(messages[i]["content"], strip)) is not None]
-        if not kept:
+        turns, kept_labels, systems = [], [], []
+        for i, label in zip(users, labels):
+            text = content_text(messages[i]["content"], strip)
+            if text is None:
+                continue
+            turns.append(text)
+            kept_labels.append(known_label(label, allowed_set))
+            # the system prompt of the request that ends with this turn, as the router reads it
+            systems.append(conversation_of({**top, "messages": messages[: i + 1]}, "/v1/chat/completions", strip)[1])
+        if not turns:
             raise BadRecord("no user message with text")
-        return Dialogue([text for text, _, _ in kept], [label for _, label, _ in kept], [system for _, _, system in kept])
+        return Dialogue(turns, kept_labels, systems)
 
     return read_records(path, parse, '{"messages": [{"role", "content"}, ...], "labels": [...]}', "conversations")
 
