@@ -13,6 +13,7 @@ from batching import (BatcherClosed, BatcherSettings, ContinuousBatcher, Deadlin
                       WouldMissDeadline)
 from batching.queue import WorkItem, choose_batch
 from tests.fakes import POISON, FakeBackend, vector_for
+from tests.waiting import until
 
 
 class CountingObserver:
@@ -35,11 +36,7 @@ def far() -> float:
 
 
 async def wait_until(cond, timeout=10.0):
-    give_up = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > give_up:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
+    await until(cond, timeout, "the batcher's state", 0.005)
 
 
 async def start_batcher(backend, **settings) -> tuple[ContinuousBatcher, CountingObserver]:

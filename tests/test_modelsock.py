@@ -14,6 +14,7 @@ import pytest
 from batching import BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
 from modelsock import wire
 from modelsock.client import ModelClient
+from tests.waiting import until as until_reached
 from modelsock.server import ModelSocketServer, SocketInUse
 from tests.fakes import FakeBackend, vector_for
 
@@ -52,10 +53,7 @@ def soon(seconds: float) -> float:
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "condition not reached"
-        await asyncio.sleep(0.01)
+    await until_reached(predicate, timeout, "the socket's state")
 
 
 def test_embeddings_cross_the_socket_exactly(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
-import time
 from pathlib import Path
 import urllib.request
 
@@ -86,15 +85,6 @@ def ask(stack, prompt: str) -> httpx.Response:
     """One chat completion through the stack's Envoy, routed (`model: auto`)."""
     return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
                       json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
-
-
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not reached within {timeout:.0f}s: {what}")
 
 
 @contextlib.contextmanager

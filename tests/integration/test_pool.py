@@ -14,7 +14,8 @@ import yaml
 
 from devstack.stack import ROOT, Stack, StackPorts
 from tests.extproc_client import route_once
-from tests.integration.conftest import ask, metric, scrape, wait_for
+from tests.integration.conftest import ask, metric, scrape
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

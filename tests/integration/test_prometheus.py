@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from devstack.stack import free_port
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -47,18 +47,8 @@ def query(base: str, promql: str) -> list[dict]:
     return body["data"]["result"] if body.get("status") == "success" else []
 
 
-def wait_for(cond, timeout=60.0):
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    return None
-
-
 def test_prometheus_scrapes_batches_and_routes(stack, prometheus):
-    assert wait_for(lambda: query(prometheus, 'up{job="semantic-router"} == 1')), "target never came up"
+    wait_for(lambda: query(prometheus, 'up{job="semantic-router"} == 1'), 60, "Prometheus sees the router up", 0.5)
     prompts = [f"solve the equation {i}x + 1 = {i + 7}" for i in range(150)] + \
               [f"write a python function number {i} that parses json" for i in range(150)]
     with ThreadPoolExecutor(24) as pool:
@@ -66,13 +56,12 @@ def test_prometheus_scrapes_batches_and_routes(stack, prometheus):
             f"{stack.url}/v1/chat/completions", timeout=30,
             json={"model": "auto", "messages": [{"role": "user", "content": p}]}).status_code, prompts))
     assert set(statuses) == {200}
-    batches = wait_for(lambda: query(prometheus, "sum(semantic_router_batch_size_count) > 0"))
-    assert batches and float(batches[0]["value"][1]) > 0
-    buckets = wait_for(lambda: query(prometheus, 'semantic_router_batch_size_bucket{le="64.0"}'))
-    assert buckets
-    routes = wait_for(lambda: (lambda r: r if {"math", "code"} <= {s["metric"]["route"] for s in r} else None)(
-        query(prometheus, "semantic_router_route_decisions_total")))
-    assert routes, "route counters not scraped"
+    batches = wait_for(lambda: query(prometheus, "sum(semantic_router_batch_size_count) > 0"), 60,
+                       "batch sizes scraped", 0.5)
+    assert float(batches[0]["value"][1]) > 0
+    wait_for(lambda: query(prometheus, 'semantic_router_batch_size_bucket{le="64.0"}'), 60, "histogram buckets scraped", 0.5)
+    wait_for(lambda: {"math", "code"} <= {s["metric"]["route"] for s in query(prometheus, "semantic_router_route_decisions_total")},
+             60, "route counters scraped", 0.5)
     mean = query(prometheus, "sum(semantic_router_batch_size_sum) / sum(semantic_router_batch_size_count)")
     assert mean and float(mean[0]["value"][1]) >= 1.0
 

@@ -15,6 +15,7 @@ import yaml
 from devstack.stack import ROOT, free_port
 from tests.extproc_client import route_once
 from tests.integration.conftest import metric
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -38,15 +39,6 @@ def router(tmp_path):
     yield proc, path, cfg, grpc_port, metrics_port
     proc.terminate()
     proc.wait(30)
-
-
-def wait_for(cond, timeout=30.0):
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def scrape(port: int) -> str:
@@ -84,7 +76,7 @@ def test_file_edit_swaps_routes_and_bad_file_keeps_old(router):
                           "utterances": ["what is the capital of France", "which country has the largest population"]})
     path.write_text(yaml.safe_dump(cfg))
     try:
-        assert wait_for(lambda: route_once(port, prompt)["x-semantic-route"] == "geography"), "reload not applied"
+        wait_for(lambda: route_once(port, prompt)["x-semantic-route"] == "geography", 30, "reload applied", 0.1)
     finally:
         time.sleep(0.3)
         stop.set()
@@ -95,11 +87,11 @@ def test_file_edit_swaps_routes_and_bad_file_keeps_old(router):
     assert second != first
 
     path.write_text("routes: [this is: not valid")
-    assert wait_for(lambda: reloads(metrics_port, "error") >= 1), "bad config not counted"
+    wait_for(lambda: reloads(metrics_port, "error") >= 1, 30, "bad config counted", 0.1)
     assert route_once(port, prompt)["x-semantic-route"] == "geography"  # old config still serving
 
     cfg["routes"] = [r for r in cfg["routes"] if r["name"] != "geography"]
     cfg["server"]["watch_config_s"] = 0.2
     path.write_text(yaml.safe_dump(cfg))
     proc.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: route_once(port, prompt)["x-semantic-route"] == "general"), "SIGHUP reload not applied"
+    wait_for(lambda: route_once(port, prompt)["x-semantic-route"] == "general", 30, "SIGHUP reload applied", 0.1)

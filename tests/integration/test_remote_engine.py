@@ -17,7 +17,8 @@ import yaml
 from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import ROOT, Stack, StackPorts, free_port
 from router.config import load_config
-from tests.integration.conftest import ask, metric, scrape, wait_for
+from tests.integration.conftest import ask, metric, scrape
+from tests.waiting import wait_for
 
 KEY = "sk-infinity-test-7f3a9c1e"
 KEY_ENV = "SEMANTIC_ROUTER_ENGINE_KEY"
