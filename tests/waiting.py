@@ -7,25 +7,27 @@ import time
 from typing import Any, Callable
 
 
+def _poll(predicate: Callable[[], Any], end: float, timeout: float, what: str) -> Any:
+    """The predicate's value if truthy, None to poll again; AssertionError once `end` has passed."""
+    value = predicate()
+    if value:
+        return value
+    if time.monotonic() >= end:
+        raise AssertionError(f"not reached within {timeout:g} s: {what}")
+    return None
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """The predicate's first truthy value, polled every `interval` seconds; AssertionError after `timeout`."""
+    """The predicate's first truthy value, polled every `interval` seconds."""
     end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"not reached within {timeout:g} s: {what}")
+    while (value := _poll(predicate, end, timeout, what)) is None:
         time.sleep(interval)
+    return value
 
 
 async def until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
     """wait_for on an event loop: the loop keeps running between polls."""
     end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"not reached within {timeout:g} s: {what}")
+    while (value := _poll(predicate, end, timeout, what)) is None:
         await asyncio.sleep(interval)
+    return value
