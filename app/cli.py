@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if workers > 1:
             return pool.WorkerPool(config, args.config, workers, args.log_level).run()
         event_loop.run(RouterServer(config, args.config).run_until_signal(), config.server.event_loop)
-    except (PortInUse, ValueError) as exc:
+    except (PortInUse, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

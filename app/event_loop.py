@@ -6,6 +6,8 @@ import asyncio
 import importlib.util
 from typing import Any, Coroutine
 
+from router.config import ConfigError
+
 
 def resolve(kind: str) -> str:
     """auto: uvloop where installed (it is in the runtime lock), else asyncio's own loop."""
@@ -21,6 +23,6 @@ def run(main: Coroutine[Any, Any, Any], kind: str) -> Any:
         import uvloop
     except ImportError:
         main.close()
-        raise ValueError("server.event_loop: uvloop is not installed (pip install uvloop, or set asyncio)") from None
+        raise ConfigError("server.event_loop: uvloop is not installed (pip install uvloop, or set asyncio)") from None
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main)

@@ -180,8 +180,8 @@ class ServerConfig:
     # 1: one process does everything. auto: half the CPUs the router may use (the rest are for
     # Envoy and the model process's tokenizer and GPU feeding).
     workers: int | Literal["auto"] = 1
-    # The front end's event loop. uvloop: less CPU per request in grpc.aio's layer (README, "Model
-    # runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio's own.
+    # The front end's event loop: uvloop or asyncio's own (no difference measured here: README,
+    # "Model runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     def __post_init__(self):
