@@ -5,9 +5,11 @@ SELECTED_MODEL = "x-selected-model"
 ROUTE = "x-semantic-route"
 SCORE = "x-semantic-route-score"
 REASON = "x-semantic-route-reason"
+CONFIDENCE = "x-semantic-route-confidence"  # the probability the route is right (router/calibration.py)
+TRUNCATED = "x-semantic-route-truncated"  # set when the routed text was longer than the encoder reads
 
-ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON)
-SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL)  # copied onto responses by Envoy
+ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED)
+SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED)  # copied onto responses by Envoy
 
 # Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy
 # unless the config lists it in envoy.passthrough_paths.

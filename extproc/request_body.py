@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.config import GUARD_MAX_PIECES, RequestsConfig
+from router.rules import RequestFacts
 
 _DEFAULT_POLICY = RequestsConfig()
 
@@ -45,6 +46,7 @@ class ParsedBody:
     turns: tuple[str, ...]  # what is routed on, oldest first; empty: no user text to route on
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
     guard: tuple[str, ...] = ()  # guard_pieces, when asked for
+    facts: RequestFacts | None = None  # request_facts, when asked for
 
 
 # Kinds a scan never falls back from: the body is refused (extproc.service.REFUSED).
@@ -232,6 +234,20 @@ class LazyObject(MutableMapping):
     def __len__(self) -> int:
         return len(self._spans)
 
+    @property
+    def spans(self) -> dict[str, tuple[int, int] | None]:
+        """Where each top-level member's value sits in the decoded text (None: set, not parsed)."""
+        return self._spans
+
+    def byte_span(self, key: str) -> tuple[int, int] | None:
+        """Where `key`'s value sits in the raw body's bytes; None when absent or set afterwards."""
+        span = self._spans.get(key)
+        if span is None:
+            return None
+        if isinstance(self._source, bytes):
+            self._source = self._source.decode("utf-8")
+        return _byte_span(self._source, *span)
+
 
 def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
     # `model` comes first in practice, so encoding the text before it is cheap.
@@ -240,9 +256,10 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-               guard: bool = False, deadline: float | None = None) -> ParsedBody:
+               guard: bool = False, deadline: float | None = None, facts: bool = False) -> ParsedBody:
     """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
-    reads; members are decoded only when read (see LazyObject). `guard`: also the guard's pieces."""
+    reads; members are decoded only when read (see LazyObject). `guard`: also the guard's pieces;
+    `facts`: also what rules read (request_facts)."""
     text = _text(raw)
     try:
         spans = _top_level(text, deadline)
@@ -252,6 +269,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
             raise BadBody("bad_model", "model is not a string")
         turns = extract_turns(data, path, policy, max_turns)
         pieces = guard_pieces(data, path, policy) if guard else ()
+        measured = request_facts(data, path) if facts else None
     except _DuplicateKey as dup:
         raise _duplicate(dup) from None
     except BadBody:
@@ -259,7 +277,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
     model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
-    return ParsedBody(data, model, turns, model_span, pieces)
+    return ParsedBody(data, model, turns, model_span, pieces, measured)
 
 
 @dataclass
@@ -271,17 +289,18 @@ class BodySummary:
     model_span: tuple[int, int] | None
     spans: dict[str, tuple[int, int] | None]
     guard: tuple[str, ...]
+    facts: RequestFacts | None
 
 
 def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-              guard: bool = False, deadline: float | None = None) -> BodySummary:
-    parsed = parse_body(raw, path, policy, max_turns, guard, deadline)
-    return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data._spans, parsed.guard)
+              guard: bool = False, deadline: float | None = None, facts: bool = False) -> BodySummary:
+    parsed = parse_body(raw, path, policy, max_turns, guard, deadline, facts)
+    return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, parsed.guard, parsed.facts)
 
 
 def from_summary(raw: bytes, summary: BodySummary) -> ParsedBody:
     return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.turns, summary.model_span,
-                      summary.guard)
+                      summary.guard, summary.facts)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
@@ -331,13 +350,56 @@ def structure(raw: bytes) -> int:
 def with_model(raw: bytes, span: tuple[int, int] | None, model: str) -> bytes:
     """`raw` with the top-level `model` value replaced (or added first); every other byte as the
     client sent it, so numbers, escapes and key order reach the backend unchanged."""
-    value = json.dumps(model).encode()
-    if span is not None:
-        return raw[: span[0]] + value + raw[span[1] :]
+    return with_members(raw, {"model": (span, model)})
+
+
+def with_members(raw: bytes, members: dict[str, tuple[tuple[int, int] | None, Any]]) -> bytes:
+    """`raw` with each top-level member's value replaced where its byte span is given, the others
+    added first; every other byte as the client sent it."""
+    out, last = [], len(raw)
+    for span, value in sorted((m for m in members.values() if m[0] is not None), key=lambda m: -m[0][0]):
+        out.append(raw[span[1]:last])
+        out.append(json.dumps(value).encode())
+        last = span[0]
+    out.append(raw[:last])
+    raw = b"".join(reversed(out))
+    added = b",".join(json.dumps(k).encode() + b":" + json.dumps(v).encode()
+                      for k, (span, v) in members.items() if span is None)
+    if not added:
+        return raw
     i = raw.index(b"{") + 1
     rest = raw[i:].lstrip(b" \t\n\r")
     sep = b"" if rest.startswith(b"}") else b","
-    return raw[:i] + b'"model":' + value + sep + raw[i:]
+    return raw[:i] + added + sep + raw[i:]
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token count: the larger of its words and a token per 4 characters (English
+    prose runs ~1.3 tokens a word, code and numbers ~1 per 3-4 characters). Linear, C-speed."""
+    return max(len(text.split()), (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN)
+
+
+_IMAGE_PARTS = ("image_url", "image", "input_image")
+
+
+def request_facts(data: MutableMapping[str, Any], path: str) -> RequestFacts:
+    """What `rules` read: the whole prompt's estimated tokens (every text the model reads, as the
+    guard reads it), whether tools are offered, whether a message carries an image."""
+    tokens = sum(estimate_tokens(t) for t in _model_texts(data, path))
+    tools = any(isinstance(data.get(k), list) and len(data.get(k)) > 0 for k in ("tools", "functions") if k in data)
+    items = data.get("input") if path.endswith("/responses") else data.get("messages")
+    return RequestFacts(tokens, tools, _has_image(items))
+
+
+def _has_image(items: Any) -> bool:
+    if not isinstance(items, list):
+        return False
+    for m in items:
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [m]
+        if any(isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in parts):
+            return True
+    return False
 
 
 def extract_turns(

@@ -18,16 +18,16 @@ from extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from extproc.request_body import BadBody, with_model
+from extproc.request_body import BadBody, with_members
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
-from extproc.headers import LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL
+from extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL
 
 log = logging.getLogger(__name__)
 
-# Headers the body answer may add (the four router headers, content-length) plus one spare.
-HEADER_HEADROOM = 6
+# Headers the body answer may add (the six router headers, content-length) plus one spare.
+HEADER_HEADROOM = 8
 
 
 def canonical_path(path: str) -> str:
@@ -193,7 +193,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 ctx.requested_model, ctx.model_span = await self._bodies.scan_unread(raw, deadline)
                 return ctx
             parsed = await self._bodies.parse(raw, stream.path, engine.config.requests,
-                                              engine.config.conversation.turns_read, deadline, chain.reads_all_text)
+                                              engine.config.conversation.turns_read, deadline, chain.reads_all_text,
+                                              engine.rules.reads_facts)
         except ParseTimeout:
             # Not read by the deadline (a costly shape, a busy parser): the chain still runs on
             # what is known, so a filter that must examine every body can refuse it.
@@ -206,6 +207,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return ctx
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
         ctx.turns, ctx.guard_pieces = parsed.turns, parsed.guard
+        if parsed.facts is not None:
+            ctx.facts = parsed.facts
         return ctx
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:
@@ -238,25 +241,32 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             ROUTE: decision.route,
             SCORE: f"{decision.score:.4f}",
             REASON: decision.reason,
+            CONFIDENCE: f"{decision.confidence:.4f}",
         }
         new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}
-            # Also on a fallback: "auto" must reach the backend as a model it serves.
+            # Also on a fallback: "auto" must reach the backend as a model it serves. The route's
+            # set_body goes only where the router chose the route (not to a pinned model) and read the body.
+            set_body = engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}
             if ctx.body_changed and ctx.unread is None:
                 # A filter changed the document itself: serialise it. ASCII escapes keep every
                 # string valid JSON (a lone surrogate included).
                 if ctx.rewrite_model:
                     ctx.body["model"] = decision.model
+                ctx.body.update(set_body)
                 new_body = json.dumps(dict(ctx.body), separators=(",", ":")).encode()
             else:
                 if ctx.body_changed:
                     log.warning("filter changed an unread body; change dropped", extra={"kind": ctx.unread})
+                members = {k: (_byte_span(ctx.body, k), v) for k, v in set_body.items()}
                 # An unread body is rewritten only where its model was found: a second `model`
                 # key would be ambiguous to backends.
                 if ctx.rewrite_model and ctx.requested_model != decision.model and (
                         ctx.unread is None or ctx.model_span is not None):
-                    new_body = with_model(ctx.raw, ctx.model_span, decision.model)
+                    members["model"] = (ctx.model_span, decision.model)
+                if members:
+                    new_body = with_members(ctx.raw, members)
             if ctx.inflated and new_body is None:
                 new_body = ctx.raw  # the backend reads the bytes the router read
         if new_body is not None:
@@ -277,3 +287,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             else:
                 log.warning("filter header dropped", extra={"header": name[:64]})
         return ok
+
+
+def _byte_span(body, key: str) -> tuple[int, int] | None:
+    """Where a top-level member of the parsed body sits in its raw bytes (None: not there)."""
+    span_of = getattr(body, "byte_span", None)
+    return span_of(key) if span_of is not None else None

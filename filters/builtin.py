@@ -55,6 +55,8 @@ class SemanticRoute:
         build(_NoSettings, settings, f"filter_settings.{self.name}")
 
     async def __call__(self, ctx: RequestContext) -> None:
+        if ctx.decision is None and ctx.unread is None:
+            ctx.decision = ctx.engine.rules.decide(ctx.prompt or "", ctx.facts)
         if ctx.decision is None:
             if not ctx.turns:
                 ctx.decision = ctx.engine.default(ctx.unread or "no_prompt")

@@ -11,6 +11,7 @@ import numpy as np
 
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
+from router.rules import RequestFacts
 
 
 @dataclass
@@ -32,6 +33,7 @@ class RequestContext:
     engine: RoutingEngine
     body_bytes: int = 0
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
+    facts: RequestFacts = RequestFacts()  # what rules read (measured only when the config has rules)
     # Every text the backend model reads, in pieces (request_body.guard_pieces), for filters with
     # reads_all_text; more than router.config.GUARD_MAX_PIECES: the parser stopped splitting.
     guard_pieces: tuple[str, ...] = ()

@@ -7,7 +7,9 @@ from typing import Protocol
 
 import numpy as np
 
+from router.calibration import Calibrator, features
 from router.config import RouterConfig
+from router.conversation import deciding_turn
 from router.head import HeadScorer, LinearHead, train_head
 from router.similarity import Encode, SimilarityScorer
 
@@ -17,7 +19,10 @@ class Decision:
     route: str
     model: str
     score: float
-    reason: str  # matched | default | model_pinned | fallback_* | ...
+    reason: str  # matched | context | default | low_confidence | keyword | rule | model_pinned | fallback_* | ...
+    # The probability that the route is right (router/calibration.py); 1.0 where nothing was
+    # guessed (a pinned model, a keyword, a rule), the default route's prior on a fallback.
+    confidence: float = 1.0
 
 
 class Scorer(Protocol):
@@ -40,6 +45,8 @@ class RouteClassifier:
         self.routes = config.routes
         self.thresholds = np.asarray([config.threshold_of(r) for r in self.routes], dtype=np.float32)
         self.scorer, self.has_default_class = _scorer(config, encode, head)
+        self.calibrator = Calibrator(config.calibration)
+        self._min_confidence = [config.min_confidence_of(r) for r in self.routes]
 
     def scores(self, embeddings: np.ndarray) -> np.ndarray:
         """(n, groups): one column per route, plus the default route's last when it has examples."""
@@ -57,12 +64,30 @@ class RouteClassifier:
             unmatched |= scores[:, -1] > best
         return np.where(unmatched, -1, idx)
 
-    def decision(self, row: np.ndarray, idx: int) -> Decision:
-        """The decision for one row of `scores` and its choice (as `choose` gives it)."""
-        if idx < 0:
-            return self.default("default", float(row[-1] if self.has_default_class else row[: len(self.routes)].max()))
-        route = self.routes[idx]
-        return Decision(route.name, route.model, float(row[idx]), "matched")
+    def decision(self, row: np.ndarray, idx: int, kind: str = "matched") -> Decision:
+        """The decision for one row of `scores` and its choice (as `choose` gives it); `kind`:
+        matched (the request's own turn), or context (an earlier turn of its conversation)."""
+        n = len(self.routes)
+        x = features(row, idx, n, self.has_default_class)
+        if idx >= 0:
+            route = self.routes[idx]
+            confidence = self.calibrator.confidence(kind, x, float(self.thresholds[idx]))
+            floor = self._min_confidence[idx]
+            if floor is None or confidence >= floor:
+                return Decision(route.name, route.model, float(row[idx]), kind, confidence)
+            reason = "low_confidence"
+        else:
+            reason = "default"
+        x = features(row, -1, n, self.has_default_class)
+        d = self.config.default_route
+        score = float(row[-1] if self.has_default_class else row[:n].max())
+        return Decision(d.name, d.model, score, reason, self.calibrator.confidence("default", x, 0.0))
+
+    def conversation_decision(self, scores: np.ndarray, gate: float | None) -> Decision:
+        """The decision for one request's routed texts (rows of `scores`, oldest first): the
+        server's and eval's one way to make it (router/conversation.py)."""
+        turn, choice = deciding_turn(self, scores, gate)
+        return self.decision(scores[turn], choice, "matched" if turn == len(scores) - 1 else "context")
 
     def classify(self, embedding: np.ndarray) -> Decision:
         return self.classify_many(embedding[None, :])[0]
@@ -71,9 +96,10 @@ class RouteClassifier:
         scores = self.scores(embeddings)
         return [self.decision(row, int(i)) for row, i in zip(scores, self.choose(scores))]
 
-    def default(self, reason: str, score: float = 0.0) -> Decision:
+    def default(self, reason: str) -> Decision:
+        """The default route without a look at any score (a fallback, no prompt, an unread body)."""
         d = self.config.default_route
-        return Decision(d.name, d.model, score, reason)
+        return Decision(d.name, d.model, 0.0, reason, self.calibrator.fallback())
 
 
 def _scorer(config: RouterConfig, encode: Encode, head: LinearHead | None) -> tuple[Scorer, bool]:
@@ -82,17 +108,18 @@ def _scorer(config: RouterConfig, encode: Encode, head: LinearHead | None) -> tu
     default = config.default_route
     cc = config.classifier
     groups = [r.utterances for r in config.routes] + ([default.utterances] if default.utterances else [])
+    modelled = [n for n, g in zip(names, groups) if g]  # routes with utterances; the rest only rules reach
     if cc.method == "head":
         if head is None and cc.head_path:
             head = LinearHead.load(cc.head_path)
-            dimension = encode([groups[0][0]]).shape[1]
+            dimension = encode([next(u for g in groups for u in g)]).shape[1]
             if head.weight.shape[1] != dimension:  # a head fitted on another encoder's embeddings
                 raise ValueError(f"classifier.head_path: the head takes {head.weight.shape[1]}-dimension embeddings; "
                                  f"the encoder gives {dimension}")
         if head is None:  # trained on the config's own utterances at load
             labels = [n for n, g in zip(names, groups) for _ in g]
-            head = train_head(encode([u for g in groups for u in g]), labels, names[: len(groups)],
-                              epochs=cc.head_epochs)
+            head = train_head(encode([u for g in groups for u in g]), labels, modelled, epochs=cc.head_epochs)
         scored = names if default.name in head.routes else names[:-1]
-        return HeadScorer(head, scored, cc.head_score), len(scored) == len(names)
+        required = [n for n in modelled if n != default.name or default.name in head.routes]
+        return HeadScorer(head, scored, cc.head_score, required), len(scored) == len(names)
     return SimilarityScorer(groups, encode, cc.top_k, cc.aggregation), bool(default.utterances)

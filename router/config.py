@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 
 from batching import BatcherSettings
+from router.calibration import CalibrationConfig
 from router.settings_loader import ConfigError, SettingError, build
 
 __all__ = ["ConfigError", "RouterConfig", "load_config", "parse_config"]
@@ -110,18 +111,84 @@ class EncoderConfig:
         _require(self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads", "must be at least 1")
 
 
+# Members of a request body set_body may not write: the router's own (`model`) and what carries
+# the prompt, which routing and the guard read (changing them would forward text never examined).
+_BODY_RESERVED = frozenset({"model", "messages", "prompt", "input", "system", "instructions"})
+
+
+def _keywords(words: tuple[str, ...], key: str) -> None:
+    for i, word in enumerate(words):
+        _require(bool(word.strip()) and word == word.strip() and len(word) <= 128, f"{key}[{i}]",
+                 "must be a non-empty word or phrase of at most 128 characters, without surrounding spaces")
+
+
+def _json_value(value: object, key: str, depth: int = 0) -> None:
+    ok = depth < 16 and (value is None or isinstance(value, (str, bool, int, float, list, dict)))
+    _require(ok and not (isinstance(value, float) and not math.isfinite(value)), key,
+             "must be a JSON value (string, number, true/false, null, list or mapping)")
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _json_value(v, f"{key}[{i}]", depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _require(isinstance(k, str), key, "mapping keys must be strings")
+            _json_value(v, f"{key}.{k}", depth + 1)
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
     model: str
-    utterances: tuple[str, ...]
+    # Examples of the route's prompts; may be empty when keywords or rules reach the route.
+    utterances: tuple[str, ...] = ()
     threshold: float | None = None  # None: the config's default_threshold; range checked by RouterConfig (its scale)
     description: str | None = None
+    # Case-insensitive whole words or phrases: a routed text holding one goes here, with no embedding.
+    keywords: tuple[str, ...] = ()
+    # Top-level JSON members written into the body forwarded for this route (reasoning_effort, ...).
+    set_body: dict = field(default_factory=dict)
+    # Below this confidence (x-semantic-route-confidence) the default route takes the request; None:
+    # the config's min_confidence.
+    min_confidence: float | None = None
 
     def __post_init__(self):
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
-        _require(len(self.utterances) > 0, "utterances", "needs at least one utterance")
+        _keywords(self.keywords, "keywords")
+        for k, v in self.set_body.items():
+            _require(isinstance(k, str) and k not in _BODY_RESERVED, f"set_body.{k}",
+                     f"cannot be set: {', '.join(sorted(_BODY_RESERVED))} are the router's or the prompt's")
+            _json_value(v, f"set_body.{k}")
+        _require(self.min_confidence is None or 0.0 <= self.min_confidence <= 1.0, "min_confidence",
+                 "must be between 0 and 1")
+
+
+@dataclass(frozen=True)
+class RuleCondition:
+    """What a request must show for a rule to match: every condition given holds."""
+
+    min_prompt_tokens: int | None = None  # the whole prompt, estimated (extproc.request_body.prompt_tokens)
+    max_prompt_tokens: int | None = None
+    has_tools: bool | None = None  # the request offers tools (`tools` / `functions`)
+    has_images: bool | None = None  # a message carries an image
+    keywords: tuple[str, ...] = ()  # any of these, as routes[].keywords match
+
+    def __post_init__(self):
+        _keywords(self.keywords, "keywords")
+        for name in ("min_prompt_tokens", "max_prompt_tokens"):
+            value = getattr(self, name)
+            _require(value is None or value >= 0, name, "must not be negative")
+        _require(self.min_prompt_tokens is None or self.max_prompt_tokens is None
+                 or self.min_prompt_tokens <= self.max_prompt_tokens, "max_prompt_tokens",
+                 "must be at least min_prompt_tokens")
+        _require(any(getattr(self, f.name) not in (None, ()) for f in dataclasses.fields(self)), "",
+                 "needs at least one condition (min_prompt_tokens, max_prompt_tokens, has_tools, has_images, keywords)")
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    when: RuleCondition
+    route: str  # a route's name, or the default route's
 
 
 @dataclass(frozen=True)
@@ -131,10 +198,15 @@ class DefaultRouteConfig:
     # Optional examples of traffic that belongs to no route: a prompt closer to these than to
     # any route goes to the default route (and they are a class of their own for a trained head).
     utterances: tuple[str, ...] = ()
+    set_body: dict = field(default_factory=dict)  # as routes[].set_body, for requests routed here
 
     def __post_init__(self):
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
+        for k, v in self.set_body.items():
+            _require(isinstance(k, str) and k not in _BODY_RESERVED, f"set_body.{k}",
+                     f"cannot be set: {', '.join(sorted(_BODY_RESERVED))} are the router's or the prompt's")
+            _json_value(v, f"set_body.{k}")
 
 
 @dataclass(frozen=True)
@@ -327,6 +399,12 @@ class RouterConfig:
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     cache_size: int = 8192  # embeddings of recent texts (user turns, prompts), LRU; 0 turns the cache off
     log_prompts: bool = False  # prompts are user data: off unless debugging
+    # Decided before the model, first match wins (router/rules.py); then routes' keywords.
+    rules: tuple[RuleConfig, ...] = ()
+    # Written by `semantic-router fit`: what turns scores into x-semantic-route-confidence.
+    calibration: CalibrationConfig | None = None
+    # Routes below this confidence go to the default route (reason low_confidence); None: never.
+    min_confidence: float | None = None
 
     def __post_init__(self):
         _require(len(self.routes) > 0, "routes", "needs at least one route")
@@ -334,6 +412,16 @@ class RouterConfig:
         for i, route in enumerate(self.routes):
             _require(route.name not in seen, f"routes[{i}].name", f"duplicate route name {route.name!r}")
             seen.add(route.name)
+        for i, rule in enumerate(self.rules):
+            _require(rule.route in seen, f"rules[{i}].route", f"{rule.route!r} is not a route or the default route")
+        ruled = {rule.route for rule in self.rules}
+        for i, route in enumerate(self.routes):
+            _require(bool(route.utterances) or bool(route.keywords) or route.name in ruled, f"routes[{i}].utterances",
+                     "needs at least one utterance, or keywords or a rule that reach the route")
+        _require(any(r.utterances for r in self.routes), "routes",
+                 "at least one route needs utterances: the model routes on them")
+        _require(self.min_confidence is None or 0.0 <= self.min_confidence <= 1.0, "min_confidence",
+                 "must be between 0 and 1")
         # Cosine similarities and probabilities lie in [-1, 1]; a threshold outside can never be met.
         in_range = (lambda v: -1.0 <= v <= 1.0) if self.classifier.bounded else math.isfinite
         why = "must be between -1 and 1" if self.classifier.bounded else "must be a number"
@@ -367,6 +455,9 @@ class RouterConfig:
 
     def threshold_of(self, route: RouteConfig) -> float:
         return self.default_threshold if route.threshold is None else route.threshold
+
+    def min_confidence_of(self, route: RouteConfig) -> float | None:
+        return self.min_confidence if route.min_confidence is None else route.min_confidence
 
 
 def parse_config(data: object, source: str = "config") -> RouterConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Awaitable, Callable, Sequence
 
@@ -13,8 +12,8 @@ from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable
 from router import metrics
 from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
-from router.conversation import deciding_turn
 from router.embedding_cache import EmbeddingCache
+from router.rules import Rules
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +50,19 @@ class RoutingEngine:
         self.utterances = utterances or {}
         self.batcher = batcher
         self.classifier = classifier
+        self.rules = Rules(config)
+        self._set_body = {r.name: r.set_body for r in config.routes}
+        self._set_body[config.default_route.name] = config.default_route.set_body
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it (else the default route).
         self._route_of_model: dict[str, str] = {}
         for route in reversed(config.routes):
             self._route_of_model[route.model] = route.name
+
+    def set_body_of(self, route: str) -> dict:
+        """The members the route writes into the bodies it forwards (routes[].set_body)."""
+        return self._set_body.get(route, {})
 
     def default(self, reason: str) -> Decision:
         return self.classifier.default(reason)
@@ -88,8 +94,4 @@ class RoutingEngine:
                 return self.default(found[-1].reason)
             raise found[-1]
         scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
-        turn, choice = deciding_turn(self.classifier, scores, self.config.conversation.gate)
-        decision = self.classifier.decision(scores[turn], choice)
-        if turn != len(scores) - 1 and decision.reason == "matched":
-            return dataclasses.replace(decision, reason="context")
-        return decision
+        return self.classifier.conversation_decision(scores, self.config.conversation.gate)

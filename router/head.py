@@ -26,8 +26,9 @@ class LinearHead:
         logits = self.logits(embeddings)
         top = logits.max(axis=-1, keepdims=True)
         log_norm = np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
-        best = np.stack([logits[:, [i for i, r in enumerate(self.routes) if r == name]].max(axis=1)
-                         for name in route_names], axis=1)
+        # A route with no class (reached only by keywords or rules) scores -inf: never chosen.
+        best = np.stack([logits[:, cols].max(axis=1) if (cols := [i for i, r in enumerate(self.routes) if r == name])
+                         else np.full(len(logits), -np.inf, dtype=logits.dtype) for name in route_names], axis=1)
         if score == "energy":
             return (top + log_norm) - (top - best)
         return np.exp(best - top - log_norm)
@@ -83,8 +84,10 @@ class HeadScorer:
     """Route scores from a trained head: probabilities or energies (see ClassifierConfig.head_score)."""
 
     def __init__(self, head: LinearHead, route_names: Sequence[str],
-                 score: Literal["probability", "energy"] = "probability"):
-        if set(head.routes) != set(route_names):
+                 score: Literal["probability", "energy"] = "probability", required: Sequence[str] | None = None):
+        """`required`: the routes the head must have classes for (default: all); others score -inf."""
+        missing = set(route_names if required is None else required) - set(head.routes)
+        if set(head.routes) - set(route_names) or missing:
             raise ValueError(
                 f"classifier.head_path: head routes {sorted(set(head.routes))} do not match {sorted(route_names)}"
             )
