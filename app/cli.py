@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app import event_loop
 from router.config import ConfigError, RouterConfig, load_config
+from tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from tuning.fit import OBJECTIVES
 
 DEFAULT_CONFIG = Path(os.environ.get("SEMANTIC_ROUTER_CONFIG", "router.yaml"))
@@ -184,10 +185,10 @@ def _data_errors(*kinds: type[Exception]):
 
 
 def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
-    from tuning.evaluation import evaluate
+    from tuning.evaluation import decide_labelled, evaluate
 
-    predicted = [d.route for d in classifier.classify_many(embeddings)]
-    return evaluate(data.labels, predicted, list(config.route_names), config.default_route.name)
+    decisions = decide_labelled(config, classifier, data.texts, embeddings)
+    return evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
 
 
 def _dialogues(config: RouterConfig, path: Path):
@@ -203,9 +204,9 @@ def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -
     from tuning.evaluation import evaluate
 
     table = TurnTable.of(dialogues)
-    predicted = predict(config, classifier, dialogues, vectors)
-    report = evaluate(table.labels, predicted, list(config.route_names), config.default_route.name)
-    report["conversation"] = conversation_metrics(table, predicted)
+    decisions = predict(config, classifier, dialogues, vectors)
+    report = evaluate(table.labels, decisions, list(config.route_names), config.default_route.name)
+    report["conversation"] = conversation_metrics(table, [d.route for d in decisions])
     return report
 
 
@@ -213,12 +214,57 @@ def _vectors(encoder, texts: list[str]) -> dict:
     return dict(zip(texts, encoder.encode(texts)))
 
 
+def _guard_data(config: RouterConfig, path: Path):
+    from tuning.guard import is_guard_data, load_guard_data
+
+    with _data_errors(OSError, ValueError):
+        return load_guard_data(path, config.requests) if is_guard_data(path) else None
+
+
+def _guard_settings(config: RouterConfig):
+    from filters.builtin import PromptGuard, PromptGuardSettings
+    from router.settings_loader import build
+
+    raw = config.filter_settings.get(PromptGuard.name)
+    return build(PromptGuardSettings, raw, f"filter_settings.{PromptGuard.name}") if raw else None
+
+
+def _piece_vectors(encoder, requests) -> dict:
+    return _vectors(encoder, sorted({p for r in requests for p in r.pieces} | {r.text for r in requests}))
+
+
+def _guard_scorer(settings, encoder):
+    from router.guard import GuardScorer
+
+    if settings.head is not None:
+        return GuardScorer(head=settings.head)
+    return GuardScorer(exemplars=encoder.encode(list(settings.exemplars)))
+
+
+def cmd_eval_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
+    from tuning.guard import format_guard_report, guard_report, request_scores
+
+    settings = _guard_settings(config)
+    if settings is None or "prompt_guard" not in config.filters:
+        print("guard data needs a config whose filters include prompt_guard (filter_settings.prompt_guard)",
+              file=sys.stderr)
+        return 2
+    encoder, _ = _offline(config)
+    report = guard_report(requests, request_scores(_guard_scorer(settings, encoder), requests,
+                                                   _piece_vectors(encoder, requests)), settings.threshold)
+    print(json.dumps(report) if args.json else format_guard_report(report))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from tuning.conversations import routed_texts
-    from tuning.evaluation import format_report
+    from tuning.evaluation import format_report, routed_texts_of
 
     config = _load(args.config)
     page = {}
+    guard = _guard_data(config, args.data)
+    if guard is not None:
+        return cmd_eval_guard(args, config, guard)
     if _is_conversations(args.data):
         dialogues = _dialogues(config, args.data)
         encoder, classifier = _offline(config)
@@ -226,7 +272,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         data = _labelled(config, args.data)
         encoder, classifier = _offline(config)
-        embeddings = encoder.encode(data.texts)
+        embeddings = encoder.encode(routed_texts_of(config, data.texts))
         report = _report(classifier, embeddings, data, config)
         page = {"scores": classifier.scores(embeddings)[:, : len(config.routes)], "labels": data.labels,
                 "routes": [r.name for r in config.routes], "thresholds": classifier.thresholds}
@@ -274,17 +320,63 @@ def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterCon
     return tuned
 
 
+def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
+    """The prompt guard fitted on guard data: a head (--head) or the config's exemplars, and the
+    threshold for --guard-fpr; written into the config's prompt_guard settings (added to the chain)."""
+    import yaml
+
+    from tuning.guard import fit_guard, format_guard_report
+
+    settings = _guard_settings(config)
+    if not args.head and (settings is None or not settings.exemplars):
+        print("fit on guard data trains a head (--head) or tunes the threshold of filter_settings.prompt_guard.exemplars; "
+              "the config has neither", file=sys.stderr)
+        return 2
+    encoder, _ = _offline(config)
+    vectors = _piece_vectors(encoder, requests)
+    exemplars = None if args.head else encoder.encode(list(settings.exemplars))
+    with _data_errors(ValueError):
+        result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr)
+    text = args.config.read_text()
+    raw = yaml.safe_load(text)
+    guard = dict((raw.get("filter_settings") or {}).get("prompt_guard") or {})
+    guard["threshold"] = round(result.threshold, 6)
+    if result.head is not None:
+        guard["head"] = {"weights": list(result.head.weights), "bias": result.head.bias}
+    raw.setdefault("filter_settings", {})["prompt_guard"] = guard
+    filters = list(raw.get("filters") or ["model_policy", "semantic_route"])
+    raw["filters"] = filters if "prompt_guard" in filters else ["prompt_guard", *filters]
+    _write_config(args.out, text, raw)
+    for note in result.notes:
+        print(note)
+    print(format_guard_report(result.held_out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _write_config(out: Path, source_text: str, raw: dict) -> None:
+    """The source's leading comments (a data set's credit and license, say) stay with what is made from it."""
+    import yaml
+
+    header = "".join(line + "\n" for line in itertools.takewhile(lambda l: l.startswith("#"), source_text.splitlines()))
+    out.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     import yaml
 
+    from router.classifier import RouteClassifier
+    from tuning.evaluation import routed_texts_of
     from tuning.fit import classifier_section, fit
 
-    from router.classifier import RouteClassifier
-
     config = _load(args.config)
+    guard = _guard_data(config, args.data)
+    if guard is not None:
+        return cmd_fit_guard(args, config, guard)
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
-                   head_score=None if args.head_score == "auto" else args.head_score)
+                   head_score=None if args.head_score == "auto" else args.head_score,
+                   calibration_share=args.confidence_default_share)
     if _is_conversations(args.data):
         from tuning.conversations import fit_conversations, routed_texts, with_gate
 
@@ -304,12 +396,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     else:
         data = _labelled(config, args.data)
         encoder, classifier = _offline(config)
-        embeddings = encoder.encode(data.texts)
+        embeddings = encoder.encode(routed_texts_of(config, data.texts))
         before = _report(classifier, embeddings, data, config)
         if args.finetune:
             config = _finetune(config, data, args)
             encoder, _ = _offline(config)
-            embeddings = encoder.encode(data.texts)
+            embeddings = encoder.encode(routed_texts_of(config, data.texts))
         result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
                      **options)
         after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
@@ -324,6 +416,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result.head.save(head_file)
         head_path = head_file.name
     raw["classifier"] = classifier_section(result.config.classifier, head_path)
+    raw["calibration"] = result.config.calibration.as_dict()
     if args.finetune:
         raw.setdefault("encoder", {})["model"] = args.out.with_suffix(".model").name  # beside the config
     if result.config.default_threshold != config.default_threshold:  # reset by fit: on another score scale
@@ -333,9 +426,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raw["conversation"] = {"policy": conversation.policy, "max_turns": conversation.max_turns, "gate": conversation.gate}
     elif result.config.conversation.gate is None and isinstance(raw.get("conversation"), dict):
         raw["conversation"].pop("gate", None)  # dropped by fit: on another score scale
-    # The source's leading comments (a data set's credit and license, say) stay with what is made from it.
-    header = "".join(line + "\n" for line in itertools.takewhile(lambda l: l.startswith("#"), text.splitlines()))
-    args.out.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    _write_config(args.out, text, raw)
 
     for note in result.notes:
         print(note)
@@ -347,6 +438,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if "conversation" in before:
         rows += [(key, before["conversation"][key], after["conversation"][key])
                  for key in ("all_turns", "short_followups", "topic_changes")]
+    if before.get("confidence") and after.get("confidence"):
+        rows += [(f"confidence_{key}", before["confidence"][key], after["confidence"][key]) for key in ("ece", "auroc")]
     for key, old, new in rows:
         print(f"{key:<40}{old if old is not None else '-':>10}{new if new is not None else '-':>10}")
     print(f"wrote {args.out}" + (f" and {args.out.with_suffix('.head.npz')}" if head_path else ""))
@@ -483,6 +576,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first fine-tune the encoder on the in-scope examples (their intents when every line has "
                     "one); saved as OUT's name with .model, which the written config names")
     ft.add_argument("--finetune-epochs", type=float, default=1.0)
+    ft.add_argument("--confidence-default-share", type=float, default=SHIFTED_DEFAULT_SHARE, metavar="SHARE",
+                    help="calibrate x-semantic-route-confidence for traffic of which this share belongs to the "
+                    "default route, as the shifted objective assumes (default 0.2; ignored when the data has no "
+                    "default-route examples)")
+    ft.add_argument("--guard-fpr", type=float, default=0.01, metavar="RATE",
+                    help="guard data: the threshold lets at most this share of allowed requests be blocked (default 0.01)")
     ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")
     ft.set_defaults(func=cmd_fit)
 

@@ -21,9 +21,11 @@ ATTEMPTS: web.AppKey = web.AppKey("attempts", dict)
 _ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length", "content-encoding")
 
 
-def _echo(request: web.Request, raw: bytes) -> dict:
+def _echo(request: web.Request, raw: bytes, body: dict | None = None) -> dict:
     return {
         "backend": request.app[NAME],
+        # top-level members besides the prompt's, so tests see what a route's set_body wrote
+        "fields": {k: v for k, v in (body or {}).items() if k not in ("messages", "prompt", "input", "system")},
         "path": request.path,
         "body_bytes": len(raw),
         "body_sha256": hashlib.sha256(raw).hexdigest(),  # byte-for-byte checks
@@ -83,7 +85,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            "mock": _echo(request, raw),
+            "mock": _echo(request, raw, body),
         },
         headers=headers,
     )

@@ -7,7 +7,7 @@ string or list), the Responses API (`input` string or items, `instructions`), An
 results, images and every other role are not read (the README's table says what is read where).
 What is routed on: the last `max_turns` user turns one by one (conversation.policy track), or
 (last_turns, max_turns 1) the last `prompt_turns` joined oldest first, the system prompt first if
-`include_system`; each text capped at about `prompt_max_tokens`, keeping the most recent text.
+`include_system`; each text capped at about `prompt_max_tokens` (keeping `requests.truncate`'s part).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ParsedBody:
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
     guard: tuple[str, ...] = ()  # guard_pieces, when asked for
     facts: RequestFacts | None = None  # request_facts, when asked for
+    truncated: bool = False  # a routed text was longer than requests.prompt_max_tokens
 
 
 # Kinds a scan never falls back from: the body is refused (extproc.service.REFUSED).
@@ -267,7 +268,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         model = data.get("model")
         if model is not None and not isinstance(model, str):
             raise BadBody("bad_model", "model is not a string")
-        turns = extract_turns(data, path, policy, max_turns)
+        turns, truncated = extract_turns(data, path, policy, max_turns)
         pieces = guard_pieces(data, path, policy) if guard else ()
         measured = request_facts(data, path) if facts else None
     except _DuplicateKey as dup:
@@ -277,7 +278,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
     model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
-    return ParsedBody(data, model, turns, model_span, pieces, measured)
+    return ParsedBody(data, model, turns, model_span, pieces, measured, truncated)
 
 
 @dataclass
@@ -290,17 +291,19 @@ class BodySummary:
     spans: dict[str, tuple[int, int] | None]
     guard: tuple[str, ...]
     facts: RequestFacts | None
+    truncated: bool
 
 
 def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
               guard: bool = False, deadline: float | None = None, facts: bool = False) -> BodySummary:
     parsed = parse_body(raw, path, policy, max_turns, guard, deadline, facts)
-    return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, parsed.guard, parsed.facts)
+    return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, parsed.guard, parsed.facts,
+                       parsed.truncated)
 
 
 def from_summary(raw: bytes, summary: BodySummary) -> ParsedBody:
     return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.turns, summary.model_span,
-                      summary.guard, summary.facts)
+                      summary.guard, summary.facts, summary.truncated)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
@@ -404,10 +407,11 @@ def _has_image(items: Any) -> bool:
 
 def extract_turns(
     data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
-) -> tuple[str, ...]:
-    """The texts to route on, oldest first (see the module's docstring); () when the user wrote none."""
+) -> tuple[tuple[str, ...], bool]:
+    """The texts to route on, oldest first (see the module's docstring; () when the user wrote
+    none), and whether one was cut to prompt_max_tokens."""
     turns, system = conversation_of(data, path, policy.harness_tags)
-    return texts_to_route(turns, system, policy, max_turns)
+    return routed(turns, system, policy, max_turns)
 
 
 def conversation_of(data: dict[str, Any], path: str, strip: tuple[str, ...] = ()) -> tuple[list[str], str | None]:
@@ -426,18 +430,33 @@ def texts_to_route(turns: list[str], system: str | None, policy: RequestsConfig 
                    max_turns: int = 1) -> tuple[str, ...]:
     """What is embedded for a conversation: the one place the server, `eval` and `fit` build it.
     `max_turns` > 1 (conversation.policy track): each of the last `max_turns` turns on its own; 1:
-    the last `prompt_turns` joined oldest first, the system prompt first if `include_system`."""
-    cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
+    the last `prompt_turns` joined oldest first, the system prompt first if `include_system`. Each
+    text longer than `prompt_max_tokens` keeps the part `requests.truncate` names (capped)."""
+    return routed(turns, system, policy, max_turns)[0]
+
+
+def routed(turns: list[str], system: str | None, policy: RequestsConfig = _DEFAULT_POLICY,
+           max_turns: int = 1) -> tuple[tuple[str, ...], bool]:
+    """texts_to_route, and whether any text was cut to fit."""
     if max_turns > 1:
-        return tuple(_capped(t, cap) for t in turns[-max_turns:])
-    turns = turns[-policy.prompt_turns :]
-    if not turns:
-        return ()
-    return (_capped(_joined(([system] if policy.include_system else []) + turns), cap),)
+        texts = turns[-max_turns:]
+    else:
+        turns = turns[-policy.prompt_turns :]
+        texts = [_joined(([system] if policy.include_system else []) + turns)] if turns else []
+    cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
+    return tuple(capped(t, cap, policy.truncate) for t in texts), any(len(t) > cap for t in texts)
 
 
-def _capped(text: str, cap: int) -> str:
-    return text[-cap:] if len(text) > cap else text
+def capped(text: str, cap: int, keep: str = "tail") -> str:
+    """At most `cap` characters of `text`: its start (head), its end (tail), or half of each (ends)."""
+    if len(text) <= cap:
+        return text
+    if keep == "head":
+        return text[:cap]
+    if keep == "tail":
+        return text[-cap:]
+    half = cap // 2
+    return text[:half] + "\n" + text[len(text) - (cap - half - 1):]
 
 
 def _joined(texts: list[str | None]) -> str | None:

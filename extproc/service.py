@@ -22,7 +22,7 @@ from extproc.request_body import BadBody, with_members
 from router import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine
-from extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL
+from extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             ctx.unread = ctx.unread or "fallback_error"
             return ctx
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
-        ctx.turns, ctx.guard_pieces = parsed.turns, parsed.guard
+        ctx.turns, ctx.guard_pieces, ctx.truncated = parsed.turns, parsed.guard, parsed.truncated
         if parsed.facts is not None:
             ctx.facts = parsed.facts
         return ctx
@@ -246,6 +246,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}
+            if ctx.truncated:
+                metrics.PROMPT_TRUNCATED.inc()
+                headers[TRUNCATED] = engine.config.requests.truncate  # which part was routed on
             # Also on a fallback: "auto" must reach the backend as a model it serves. The route's
             # set_body goes only where the router chose the route (not to a pinned model) and read the body.
             set_body = engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}

@@ -14,6 +14,7 @@ from filters.context import ImmediateReply, RequestContext
 from router import metrics
 from router.config import GUARD_MAX_PIECES
 from router.engine import RoutingEngine, RoutingUnavailable
+from router.guard import GuardHead, GuardScorer
 from router.settings_loader import SettingError, build
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class BodySizeLimit:
 @dataclass(frozen=True)
 class PromptGuardSettings:
     exemplars: tuple[str, ...] = ()
+    # A head fitted by `semantic-router fit` on guard data (`make guard`); when set, pieces score
+    # the probability of an attack instead of their similarity to the exemplars.
+    head: GuardHead | None = None
     threshold: float = 0.8
     action: Literal["block", "tag"] = "block"
     header: str = "x-prompt-guard"
@@ -109,8 +113,8 @@ class PromptGuardSettings:
     max_pieces: int = 2048
 
     def __post_init__(self):
-        if not self.exemplars:
-            raise SettingError("exemplars", "needs at least one blocked exemplar")
+        if not self.exemplars and self.head is None:
+            raise SettingError("exemplars", "needs at least one blocked exemplar (or a fitted head)")
         if not -1.0 <= self.threshold <= 1.0:
             raise SettingError("threshold", "must be between -1 and 1")
         if not 1 <= self.max_pieces <= GUARD_MAX_PIECES:
@@ -132,16 +136,14 @@ class PromptGuard:
 
     def __init__(self, settings: dict | None = None):
         self.settings = build(PromptGuardSettings, settings, f"filter_settings.{self.name}")
-        self._exemplars: np.ndarray | None = None
+        self._scorer: GuardScorer | None = None
 
     async def setup(self, engine: RoutingEngine) -> None:
         """Embed the exemplars through the shared batcher (the model thread owns the model)."""
-        deadline = time.monotonic() + 60.0
-        vectors = [await engine.embed(text, deadline) for text in self.settings.exemplars]
-        self._exemplars = np.stack(vectors)
+        self._scorer = await guard_scorer(self.settings, engine.embed)
 
     async def __call__(self, ctx: RequestContext) -> None:
-        if self._exemplars is None:
+        if self._scorer is None:
             return
         if ctx.unread is not None:
             return self._undecided(ctx, ctx.unread)
@@ -154,7 +156,7 @@ class PromptGuard:
             found = await ctx.embeddings(pieces)
         except RoutingUnavailable as failed:
             return self._undecided(ctx, failed.reason)
-        score = float((np.stack(found) @ self._exemplars.T).max())
+        score = self._scorer.score(np.stack(found))
         if score < self.settings.threshold:
             return
         if self.settings.action == "tag":
@@ -171,3 +173,11 @@ class PromptGuard:
             ctx.immediate = openai_error(
                 403, "The gateway's prompt policy could not examine this request; retry later.",
                 "prompt_guard_unavailable", kind="content_filter")
+
+
+async def guard_scorer(settings: PromptGuardSettings, embed) -> GuardScorer:
+    """The guard's scorer; `embed(text, deadline)` embeds its exemplars (a head needs none)."""
+    if settings.head is not None:
+        return GuardScorer(head=settings.head)
+    deadline = time.monotonic() + 60.0
+    return GuardScorer(exemplars=np.stack([await embed(text, deadline) for text in settings.exemplars]))

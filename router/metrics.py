@@ -17,6 +17,10 @@ ROUTE_DECISIONS = Counter("semantic_router_route_decisions_total", "Routing deci
 PROCESSING = Histogram(
     "semantic_router_processing_seconds", "Time from request body received to ext_proc answer.", buckets=_LATENCY
 )
+PROMPT_TRUNCATED = Counter(
+    "semantic_router_prompt_truncated_total",
+    "Requests whose routed text was longer than requests.prompt_max_tokens: routed on the part requests.truncate keeps.",
+)
 BAD_REQUESTS = Counter("semantic_router_bad_requests_total", "Request bodies that could not be used, by kind.", ["kind"])
 GUARD_UNDECIDED = Counter(
     "semantic_router_prompt_guard_undecided_total",

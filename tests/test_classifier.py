@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.classifier import RouteClassifier
+from router.classifier import Decision, RouteClassifier
 from router.config import parse_config
 from tuning.evaluation import evaluate
 from tuning.fit import fit, tune_thresholds
@@ -139,8 +139,12 @@ def test_head_of_another_encoders_dimension_is_rejected(tmp_path):
         RouteClassifier(config(classifier={"method": "head", "head_path": str(tmp_path / "h.npz")}), encode)
 
 
+def routed(routes: list[str]) -> list[Decision]:
+    return [Decision(r, r, 1.0, "matched") for r in routes]
+
+
 def test_evaluate_metrics():
-    r = evaluate(["math", "math", "code", "general"], ["math", "code", "code", "general"],
+    r = evaluate(["math", "math", "code", "general"], routed(["math", "code", "code", "general"]),
                  ["math", "code", "general"], "general")
     assert r["accuracy"] == 0.75
     assert r["per_route"]["math"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2}
@@ -217,6 +221,6 @@ def test_the_shifted_objective_keeps_rejecting_when_default_traffic_is_rare_in_t
 
 
 def test_evaluate_reports_accuracy_at_a_shifted_default_share():
-    r = evaluate(["math"] * 9 + ["general"], ["math"] * 9 + ["math"], ["math", "general"], "general")
+    r = evaluate(["math"] * 9 + ["general"], routed(["math"] * 9 + ["math"]), ["math", "general"], "general")
     assert r["accuracy"] == 0.9
     assert r["shifted"] == {"default_share": 0.2, "accuracy": 0.8}

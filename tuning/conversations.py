@@ -16,11 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
-from extproc.request_body import content_text, conversation_of, texts_to_route
-from router.classifier import RouteClassifier
+from extproc.request_body import content_text, conversation_of, request_facts, texts_to_route
+from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
 from router.conversation import deciding_turn
-from tuning.fit import FitResult, fit
+from router.rules import RequestFacts, Rules
+from tuning.calibration import conversation_examples
+from tuning.fit import FitResult, fit, with_calibration
 from tuning.jsonl import BadRecord, first_record, known_label, read_records
 
 SHORT_WORDS = 6  # a user turn of at most this many words counts as a short follow-up
@@ -31,6 +33,7 @@ class Dialogue:
     turns: list[str]  # the user's turns, oldest first
     labels: list[str]  # the route of each
     systems: list[str | None] | None = None  # per turn, the system prompt of the request it ends
+    facts: list[RequestFacts] | None = None  # per turn, what rules read of the request it ends
 
     def routed(self, config: RouterConfig) -> list[tuple[str, ...]]:
         """Per user turn, the texts the router embeds for the request that ends with it."""
@@ -60,7 +63,7 @@ def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Seque
         if len(labels) != len(users):
             raise BadRecord(f"{len(labels)} labels for {len(users)} user messages")
         top = {"system": row["system"]} if "system" in row else {}  # Anthropic's top-level system
-        turns, kept_labels, systems = [], [], []
+        turns, kept_labels, systems, facts = [], [], [], []
         for i, label in zip(users, labels):
             text = content_text(messages[i]["content"], strip)
             if text is None:
@@ -68,10 +71,12 @@ def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Seque
             turns.append(text)
             kept_labels.append(known_label(label, allowed_set))
             # the system prompt of the request that ends with this turn, as the router reads it
-            systems.append(conversation_of({**top, "messages": messages[: i + 1]}, "/v1/chat/completions", strip)[1])
+            request = {**top, "messages": messages[: i + 1]}
+            systems.append(conversation_of(request, "/v1/chat/completions", strip)[1])
+            facts.append(request_facts(request, "/v1/chat/completions"))
         if not turns:
             raise BadRecord("no user message with text")
-        return Dialogue(turns, kept_labels, systems)
+        return Dialogue(turns, kept_labels, systems, facts)
 
     return read_records(path, parse, '{"messages": [{"role", "content"}, ...], "labels": [...]}', "conversations")
 
@@ -113,9 +118,18 @@ def _turn_scores(config: RouterConfig, classifier: RouteClassifier, dialogues: S
 
 
 def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
-            vectors: dict[str, np.ndarray]) -> list[str]:
-    """The route of every user turn (flattened as TurnTable), as the router decides it."""
-    return _choices(config, classifier, _turn_scores(config, classifier, dialogues, vectors), config.conversation.gate)
+            vectors: dict[str, np.ndarray]) -> list[Decision]:
+    """The decision of every user turn (flattened as TurnTable), as the router makes it: rules
+    first, then the classifier on the turns its request is routed on."""
+    rules, gate = Rules(config), config.conversation.gate
+    out = []
+    for d in dialogues:
+        facts = d.facts or [RequestFacts()] * len(d.turns)
+        for texts, fact in zip(d.routed(config), facts):
+            decision = rules.decide(texts[-1], fact) if rules else None
+            out.append(decision or classifier.conversation_decision(
+                classifier.scores(np.stack([vectors[t] for t in texts])), gate))
+    return out
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],
@@ -192,12 +206,18 @@ def fit_conversations(config: RouterConfig, encode, dialogues: Sequence[Dialogue
     rest first, so the gate is judged on conversations the head has not seen."""
     train, tune = split_dialogues(dialogues, holdout, seed)
     first = fit(config, encode, *turn_examples(config, train, vectors), seed=seed, **fit_args)
-    gate, held_out = tune_gate(first.config, RouteClassifier(first.config, encode, head=first.head), tune, vectors)
+    first_classifier = RouteClassifier(first.config, encode, head=first.head)
+    gate, held_out = tune_gate(first.config, first_classifier, tune, vectors)
     # The gate is on the scale of the first fit's scores: the second keeps them.
     fit_args["head_score"] = first.config.classifier.head_score
     result = fit(config, encode, *turn_examples(config, dialogues, vectors), seed=seed, **fit_args)
     result.notes[:0] = [f"on the dialogues the gate is not chosen on: {note}" for note in first.notes]
     result.config = with_gate(result.config, gate)
+    # Confidence is calibrated per user turn of the held-out dialogues, decided with the gate.
+    examples = conversation_examples(first_classifier, _turn_scores(first.config, first_classifier, tune, vectors),
+                                     TurnTable.of(tune).labels, gate)
+    result.notes.append("on the held-out dialogues:")
+    result.config = with_calibration(result.config, examples, fit_args.get("calibration_share"), result.notes)
     result.notes.append(
         f"conversation gate {gate} chosen on {len(tune)} held-out dialogues ({held_out['turns']} turns): all turns "
         f"{held_out['all_turns']}, short follow-ups {held_out['short_followups']}, topic changes {held_out['topic_changes']}"

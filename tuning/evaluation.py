@@ -8,6 +8,11 @@ from typing import Sequence
 
 import numpy as np
 
+from extproc.request_body import request_facts, texts_to_route
+from router.classifier import Decision, RouteClassifier
+from router.config import RouterConfig
+from router.rules import Rules
+from tuning.calibration import reliability
 from tuning.jsonl import known_label, read_records
 
 
@@ -32,6 +37,27 @@ def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
     return LabelledData(texts, labels, [str(i) for i in intents] if have_intents else None)
 
 
+def routed_texts_of(config: RouterConfig, texts: Sequence[str]) -> list[str]:
+    """What the router embeds for each text sent as a one-message request (capped as it caps it)."""
+    return [(texts_to_route([t], None, config.requests, config.conversation.turns_read) or (t,))[-1] for t in texts]
+
+
+def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
+                    embeddings: np.ndarray) -> list[Decision]:
+    """Each text's decision as the router makes it for a request of that one user message: rules
+    first, then the classifier on its embedding (of routed_texts_of)."""
+    rules = Rules(config)
+    decisions = classifier.classify_many(embeddings)
+    if not rules:
+        return decisions
+    routed = routed_texts_of(config, texts)
+    for i, text in enumerate(texts):
+        ruled = rules.decide(routed[i], request_facts({"messages": [{"role": "user", "content": text}]},
+                                                      "/v1/chat/completions"))
+        decisions[i] = ruled or decisions[i]
+    return decisions
+
+
 # The default-route share the `shifted` figure (and fit's default objective) assumes: labelled sets hold a
 # few percent of out-of-scope examples, production a fifth or more once a new kind of traffic arrives
 # (CLINC150: val 3%, test 18%).
@@ -44,13 +70,14 @@ def shifted_accuracy(hit: np.ndarray, in_scope: np.ndarray, default_share: float
     return (1 - default_share) * float(hit[in_scope].mean()) + default_share * float(hit[~in_scope].mean())
 
 
-def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[str], default: str,
+def evaluate(labels: Sequence[str], decisions: Sequence[Decision], names: Sequence[str], default: str,
              default_share: float = SHIFTED_DEFAULT_SHARE) -> dict:
     """`names` lists every class in report order (routes, then the default route). `shifted`: the
     accuracy the same router would have if `default_share` of the traffic belonged to the default
-    route (a labelled set rarely holds as much out-of-scope traffic as production sees after a shift)."""
+    route (a labelled set rarely holds as much out-of-scope traffic as production sees after a shift).
+    `confidence`: how well x-semantic-route-confidence is calibrated (ECE, 15 bins) and ranks (AUROC)."""
     y = np.asarray(labels)
-    p = np.asarray(predicted)
+    p = np.asarray([d.route for d in decisions])
     per_route = {}
     for name in names:
         tp = int(np.sum((p == name) & (y == name)))
@@ -74,6 +101,8 @@ def evaluate(labels: Sequence[str], predicted: Sequence[str], names: Sequence[st
         "shifted": shifted,
         "per_route": per_route,
         "confusion": confusion,
+        "confidence": reliability([d.confidence for d in decisions], y == p),
+        "reasons": {r: int(n) for r, n in zip(*np.unique([d.reason for d in decisions], return_counts=True))},
     }
 
 
@@ -86,6 +115,9 @@ def format_report(report: dict, default: str) -> str:
         *([f"accuracy with {report['shifted']['default_share']:.0%} default-route traffic: "
            f"{report['shifted']['accuracy']:.4f}"] if report.get("shifted") else []),
         *_conversation_lines(report.get("conversation")),
+        *([f"confidence: ECE {report['confidence']['ece']:.4f} (15 bins), AUROC right vs wrong "
+           f"{report['confidence']['auroc']}, mean {report['confidence']['mean_confidence']}"]
+          if report.get("confidence") else []),
         "",
         f"{'route':<24}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}",
     ]

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from router.calibration import Calibrator
 from router.classifier import RouteClassifier
 from router.config import ClassifierConfig, RouterConfig
 from router.head import LinearHead, train_head
+from tuning.calibration import Examples, calibrate, labelled_examples, reliability
 from tuning.evaluation import SHIFTED_DEFAULT_SHARE, shifted_accuracy
 
 TOP_K_CANDIDATES = (1, 3, 5, 10)
@@ -124,6 +126,7 @@ def fit(
     min_default_recall: float = 0.0,
     per_route: bool = True,
     head_score: str | None = None,
+    calibration_share: float | None = SHIFTED_DEFAULT_SHARE,
 ) -> FitResult:
     """head_score: the head's score (ClassifierConfig.head_score); None chooses it on the held-out examples."""
     notes = []
@@ -152,13 +155,32 @@ def fit(
     if source.conversation.gate is not None and config.conversation.gate is None:
         notes.append(f"conversation.gate {source.conversation.gate} dropped: it was on another score scale "
                      "(fit on conversations to choose one)")
+    routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
+    config = dataclasses.replace(config, routes=routes)
+    # Calibrated where the scorer was not fitted: the held-out examples of a head trained without
+    # them; a similarity scorer's utterances are the config's, so every example is held out.
+    held = tune_idx if with_head else np.arange(len(labels))
+    classifier = RouteClassifier(config, encode, head=head)
+    config = with_calibration(config, labelled_examples(classifier, classifier.scores(embeddings[held]), truth[held]),
+                              calibration_share, notes)
     if with_head:
         # The thresholds are set; the head itself may now learn from every in-scope example.
         head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
         notes.append("head retrained on all in-scope examples")
-    routes = tuple(dataclasses.replace(r, threshold=round(float(t), 4)) for r, t in zip(config.routes, thresholds))
-    config = dataclasses.replace(config, routes=routes)
     return FitResult(config, head, notes)
+
+
+def with_calibration(config: RouterConfig, examples: Examples, default_share: float | None,
+                     notes: list[str]) -> RouterConfig:
+    """`config` with the confidence map fitted on `examples` (tuning/calibration.py) for traffic that
+    is `default_share` the default route's (None: the examples' own mix), noted with its figures."""
+    calibration = calibrate(examples, default_share)
+    calibrator = Calibrator(calibration)
+    measured = reliability([calibrator.confidence(k, x, 0.0) for k, x in zip(examples.kinds, examples.x)],
+                           examples.right, weight=examples.weights(default_share))
+    notes.append(f"confidence calibrated on {len(examples.kinds)} held-out decisions: ECE {measured['ece']}, "
+                 f"AUROC {measured['auroc']} (in sample)")
+    return dataclasses.replace(config, calibration=calibration)
 
 
 def _on_scale(source: RouterConfig, classifier: ClassifierConfig) -> RouterConfig:

@@ -1,7 +1,8 @@
 """`semantic-router eval` scores a conversation exactly as the served router routes it: under each
 conversation policy and request setting, every user turn's route from eval's code path
 (tuning.conversations.predict on the offline encoder, as cmd_eval runs it) equals the
-`x-semantic-route` a real Envoy + router stack answers for the request that ends with that turn."""
+`x-semantic-route` (and its reason and confidence) a real Envoy + router stack answers for the
+request that ends with that turn."""
 
 from __future__ import annotations
 
@@ -47,13 +48,23 @@ SETTINGS = {
     "last_turns_2_capped": ({"conversation": {"policy": "last_turns"},
                              "requests": {"prompt_turns": 2, "include_system": True, "prompt_max_tokens": 12}},
                             {"requests": {"prompt_max_tokens": 256}}),
+    # Rules decide before the model, on the whole prompt's estimated tokens (the last conversation's
+    # long system prompt) and on keywords; the confidence comes from a calibration section.
+    "rules_and_calibration": ({"rules": [{"when": {"keywords": ["joke"]}, "route": "math"},
+                                         {"when": {"min_prompt_tokens": 250}, "route": "general"}],
+                               "calibration": {"matched": [-3.0, 9.0, 6.0, 0.0], "context": [-2.0, 5.0, 3.0, 0.0],
+                                               "default": [0.4], "fallback": 0.1}},
+                              {"rules": []}),
 }
 
 
 def edited(config: dict, *changes: dict) -> dict:
     for change in changes:
         for section, values in change.items():
-            config.setdefault(section, {}).update(values)
+            if isinstance(values, dict):
+                config.setdefault(section, {}).update(values)
+            else:
+                config[section] = values
     return config
 
 
@@ -83,13 +94,22 @@ def test_every_turn_is_routed_by_the_server_as_eval_scores_it(tmp_path, envoy_bi
                     body = {"model": "auto", "messages": [{"role": r, "content": c} for r, c in messages[: i + 1]]}
                     answer = client.post("/v1/chat/completions", json=body)
                     assert answer.status_code == 200, answer.text
-                    assert answer.headers["x-semantic-route-reason"] in ("matched", "context", "default")
-                    served.append(answer.headers["x-semantic-route"])
+                    assert answer.headers["x-semantic-route-reason"] in ("matched", "context", "default", "keyword", "rule")
+                    served.append(tuple(answer.headers[h] for h in SHOWN))
         config = load_config(tmp_path / "router.yaml")
     encoder, classifier = _offline(config)
     offline = predict(config, classifier, dialogues, _vectors(encoder, routed_texts(config, dialogues)))
-    assert offline == served
-    assert len(set(served)) > 1
+    assert [_shown(d) for d in offline] == served
+    assert len({route for route, _, _ in served}) > 1
     (tmp_path / "neighbour.yaml").write_text(yaml.safe_dump(edited(yaml.safe_load((tmp_path / "router.yaml").read_text()), neighbour)))
     other = load_config(tmp_path / "neighbour.yaml")
-    assert predict(other, classifier, dialogues, _vectors(encoder, routed_texts(other, dialogues))) != served
+    assert [_shown(d) for d in predict(other, classifier, dialogues,
+                                       _vectors(encoder, routed_texts(other, dialogues)))] != served
+
+
+SHOWN = ("x-semantic-route", "x-semantic-route-reason", "x-semantic-route-confidence")
+
+
+def _shown(decision) -> tuple[str, str, str]:
+    """What the served answer's headers say of a decision."""
+    return decision.route, decision.reason, f"{decision.confidence:.4f}"

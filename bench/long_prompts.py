@@ -1,0 +1,76 @@
+"""Which part of a long prompt to route on (requests.truncate: head, tail or ends), measured.
+
+CLINC150 val questions (in scope) made long: unrelated filler (SGD dialogue text, ~4x the routed
+cap) placed after the question (a question, then a pasted document), before it (a document, then the
+question), or on both sides (the question in the middle). Each config routes them as the server
+does (tuning.evaluation: the same texts_to_route cap); the table is the accuracy per placement.
+
+    python -m bench.long_prompts --config build/clinc150.fitted.yaml --out build/bench-long-prompts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+from app.cli import _offline
+from router.config import load_config
+from tuning.evaluation import decide_labelled, routed_texts_of
+
+CLINC = Path("../shared/data/clinc150/val.jsonl")
+SGD = Path("../shared/data/sgd/dev.jsonl")
+
+
+def filler(rng: random.Random, dialogues: list[list[str]], chars: int) -> str:
+    out: list[str] = []
+    while sum(map(len, out)) < chars:
+        out.extend(rng.choice(dialogues))
+    return " ".join(out)[:chars]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", type=Path, default=Path("build/clinc150.fitted.yaml"))
+    parser.add_argument("--limit", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=Path("build/bench-long-prompts.json"))
+    args = parser.parse_args()
+    base = load_config(args.config)
+    rng = random.Random(0)
+    rows = [json.loads(line) for line in CLINC.read_text().splitlines()]
+    rows = [r for r in rows if r["label"] != base.default_route.name]
+    rng.shuffle(rows)
+    rows = rows[: args.limit]
+    dialogues = [[m["content"] for m in json.loads(line)["messages"]] for line in SGD.read_text().splitlines()]
+    cap = base.requests.prompt_max_tokens * 4
+    placements = {
+        "short (no filler)": lambda q: q,
+        "question first": lambda q: q + "\n" + filler(rng, dialogues, 4 * cap),
+        "question last": lambda q: filler(rng, dialogues, 4 * cap) + "\n" + q,
+        "question in the middle": lambda q: filler(rng, dialogues, 2 * cap) + "\n" + q + "\n" + filler(rng, dialogues, 2 * cap),
+    }
+    prompts = {name: [make(r["text"]) for r in rows] for name, make in placements.items()}
+    labels = np.asarray([r["label"] for r in rows])
+    encoder, _ = _offline(base)
+    results = {}
+    for keep in ("head", "tail", "ends"):
+        config = dataclasses.replace(base, requests=dataclasses.replace(base.requests, truncate=keep))
+        _, classifier = _offline(config)
+        for name, texts in prompts.items():
+            embeddings = encoder.encode(routed_texts_of(config, texts))
+            routes = np.asarray([d.route for d in decide_labelled(config, classifier, texts, embeddings)])
+            results.setdefault(name, {})[keep] = round(float((routes == labels).mean()), 4)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": str(args.config), "examples": len(rows), "cap_chars": cap,
+                                    "accuracy": results}, indent=1))
+    print(f"{'placement':<26}{'head':>8}{'tail':>8}{'ends':>8}")
+    for name, r in results.items():
+        print(f"{name:<26}{r['head']:>8}{r['tail']:>8}{r['ends']:>8}")
+
+
+if __name__ == "__main__":
+    main()
