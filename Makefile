@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd clean
+.PHONY: run test models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -132,6 +132,18 @@ sgd: $(STAMP) $(MODELS)
 	$(VENV)/bin/semantic-router eval --config build/sgd.yaml --data $(SGD)/dev.jsonl
 	$(VENV)/bin/semantic-router fit --config build/sgd.yaml --data $(SGD)/train.jsonl --head --out build/sgd.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/sgd.fitted.yaml --data $(SGD)/dev.jsonl
+
+# A prompt guard fitted on public data (bastioncorpus 0.6.0, MIT: attacks and hard negatives; CLINC150
+# and SGD train: benign), judged on what it was not fitted on (CLINC150 val, SGD dev; README "Prompt guard").
+guard: $(STAMP) $(MODELS)
+	$(PY) examples/guard/build_data.py --clinc $(CLINC)/train.jsonl --sgd $(SGD)/train.jsonl --out build/guard.train.jsonl
+	$(PY) examples/guard/build_data.py --no-bastion --clinc $(CLINC)/val.jsonl --sgd $(SGD)/dev.jsonl \
+		--out build/guard.benign-heldout.jsonl
+	$(PY) examples/guard/build_data.py --bastion-only --malicious --out build/guard.bastion-malicious.jsonl
+	$(VENV)/bin/semantic-router fit --config router.yaml --data build/guard.train.jsonl --head --guard-fpr 0.01 \
+		--out build/guard.fitted.yaml
+	$(VENV)/bin/semantic-router eval --config build/guard.fitted.yaml --data build/guard.benign-heldout.jsonl
+	$(VENV)/bin/semantic-router eval --config build/guard.fitted.yaml --data build/guard.bastion-malicious.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

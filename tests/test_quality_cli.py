@@ -182,5 +182,7 @@ def test_fit_finetune_writes_a_local_model_the_config_loads(data, tmp_path):
     report = json.loads(ev.stdout)
     assert report["accuracy"] > 0.5 and report["shifted"]["default_share"] == 0.2
     page = (tmp_path / "report.html").read_text()
-    assert page.startswith("<!doctype html>") and page.count("<svg") == 10  # one score histogram per route
+    # one score histogram per route, and the confidence's reliability diagram
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 11 and "Reliability" in page
+    assert 0 <= report["confidence"]["ece"] <= 1 and written["calibration"]["examples"] > 0
     assert "Confusion matrix" in page and "banking" in page

@@ -18,6 +18,12 @@ def render(report: dict, title: str, scores: np.ndarray | None = None, labels: S
     thresholds: what the histograms show. Without it the page has the figures and the matrix only."""
     parts = [f"<h1>{_e(title)}</h1>", _figures(report), "<h2>Confusion matrix</h2>",
              "<p>Rows: the label; columns: the route chosen. Shade: share of the row.</p>", _matrix(report["confusion"])]
+    if report.get("confidence"):
+        c = report["confidence"]
+        parts += ["<h2>Reliability of x-semantic-route-confidence</h2>",
+                  f"<p>Per confidence bin (15): how often the route was right (bars) against the confidence itself "
+                  f"(the diagonal); the number is the bin's count. ECE {c['ece']}, AUROC right vs wrong {c['auroc']}.</p>",
+                  _reliability(c["bins"])]
     if scores is not None and len(routes):
         parts += ["<h2>Score distributions</h2>",
                   "<p>Per route: its score on the examples labelled with it (blue) and on all others (orange), "
@@ -85,6 +91,21 @@ def _histogram(name: str, scores: np.ndarray, own: np.ndarray, threshold: float)
            f'<text x="0" y="{_H + 14}">{lo:.2f}</text><text x="{_W}" y="{_H + 14}" text-anchor="end">{hi:.2f}</text>'
            f'<text x="{x:.1f}" y="{_H + 14}" text-anchor="middle">{threshold:.2f}</text></svg>')
     return f"<figure><figcaption>{_e(name)} ({int(own.sum())} labelled)</figcaption>{svg}</figure>"
+
+
+def _reliability(bins: list[dict]) -> str:
+    size = _H * 2
+    bars = []
+    for b in bins:
+        x, w = b["low"] * size, (b["high"] - b["low"]) * size
+        h = b["accuracy"] * size
+        bars.append(f'<rect x="{x:.1f}" y="{size - h:.1f}" width="{w - 1:.1f}" height="{h:.1f}" fill="#3b7dd8" '
+                    f'opacity="0.85"><title>confidence {b["confidence"]}, right {b["accuracy"]}, {b["count"]} '
+                    f'requests</title></rect><text x="{x + w / 2:.1f}" y="{size + 12}" text-anchor="middle">'
+                    f'{b["count"]}</text>')
+    return (f'<svg width="{size}" height="{size + 30}" role="img" aria-label="reliability diagram">{"".join(bars)}'
+            f'<line x1="0" y1="{size}" x2="{size}" y2="0" stroke="#222" stroke-dasharray="3 2"/>'
+            f'<text x="0" y="{size + 26}">0</text><text x="{size}" y="{size + 26}" text-anchor="end">1</text></svg>')
 
 
 _PAGE = """<!doctype html>

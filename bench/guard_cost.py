@@ -1,0 +1,65 @@
+"""What the prompt guard costs in routed requests per second: the default router against the same
+router with `make guard`'s fitted guard in its chain, each behind its own Envoy, driven by wrk at c64
+with unique prompts (cache off: every prompt reaches the model); trials interleaved.
+
+    python -m bench.guard_cost --guard build/guard.fitted.yaml [--trials 3] [--seconds 8] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from bench.ext_proc_bench import launch_router
+from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.report import emit
+from devstack.stack import ROOT, free_port
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.guard_cost")
+    p.add_argument("--guard", type=Path, default=Path("build/guard.fitted.yaml"))
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--out")
+    args = p.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("needs wrk: apt-get install wrk")
+    fitted = yaml.safe_load(args.guard.read_text())
+    base = yaml.safe_load((ROOT / "router.yaml").read_text())
+    base["cache_size"] = 0
+    guarded = {**base, "filters": fitted["filters"], "filter_settings": fitted["filter_settings"]}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-guard-"))
+    script = workdir / "prompts.lua"
+    script.write_text(WRK_SCRIPT)
+    stacks = {}
+    try:
+        for name, config in (("without_guard", base), ("with_guard", guarded)):
+            proc, port = launch_router(workdir / f"{name}.yaml", config)
+            listener = free_port()
+            stacks[name] = (proc, start_direct_envoy(workdir / f"envoy-{name}.yaml", port, listener, free_port()), listener)
+            run_wrk(listener, 16, 2, script)  # warm-up
+        rows = []
+        for trial in range(args.trials):
+            for name in (list(stacks) if trial % 2 == 0 else list(reversed(stacks))):
+                rows.append({"variant": name, "trial": trial, **run_wrk(stacks[name][2], 64, args.seconds, script, good=GOOD)})
+    finally:
+        for proc, envoy, _ in stacks.values():
+            for q in (envoy, proc):
+                q.terminate()
+                q.wait(30)
+    best = {name: max(r["goodput_rps"] for r in rows if r["variant"] == name) for name in stacks}
+    ratio = best["with_guard"] / best["without_guard"]
+    checks = {"routed req/s at c64 with the guard / without (target >= 0.8)": {
+        "ok": ratio >= 0.8, "detail": f"{best['with_guard']} vs {best['without_guard']}: {ratio:.2f}x"}}
+    emit({"benchmark": "guard_cost", "cpu_count": os.cpu_count(), "rows": rows, "checks": checks}, args.out,
+         columns=("variant", "trial", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms"))
+
+
+if __name__ == "__main__":
+    main()
