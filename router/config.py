@@ -135,6 +135,13 @@ def _json_value(value: object, key: str, depth: int = 0) -> None:
             _json_value(v, f"{key}.{k}", depth + 1)
 
 
+def _body_members(members: dict) -> None:
+    for k, v in members.items():
+        _require(isinstance(k, str) and k not in _BODY_RESERVED, f"set_body.{k}",
+                 f"cannot be set: {', '.join(sorted(_BODY_RESERVED))} are the router's or the prompt's")
+        _json_value(v, f"set_body.{k}")
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
@@ -155,10 +162,7 @@ class RouteConfig:
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
         _keywords(self.keywords, "keywords")
-        for k, v in self.set_body.items():
-            _require(isinstance(k, str) and k not in _BODY_RESERVED, f"set_body.{k}",
-                     f"cannot be set: {', '.join(sorted(_BODY_RESERVED))} are the router's or the prompt's")
-            _json_value(v, f"set_body.{k}")
+        _body_members(self.set_body)
         _require(self.min_confidence is None or 0.0 <= self.min_confidence <= 1.0, "min_confidence",
                  "must be between 0 and 1")
 
@@ -203,10 +207,7 @@ class DefaultRouteConfig:
     def __post_init__(self):
         _header_safe(self.name, "name")
         _header_safe(self.model, "model")
-        for k, v in self.set_body.items():
-            _require(isinstance(k, str) and k not in _BODY_RESERVED, f"set_body.{k}",
-                     f"cannot be set: {', '.join(sorted(_BODY_RESERVED))} are the router's or the prompt's")
-            _json_value(v, f"set_body.{k}")
+        _body_members(self.set_body)
 
 
 @dataclass(frozen=True)
