@@ -24,10 +24,10 @@ def make_backend(config: RouterConfig) -> Backend:
     if runtime(config) == "onnx":
         from model.onnx_encoder import OnnxEncoder
 
-        return OnnxEncoder(config.encoder)
+        return OnnxEncoder(config.encoder, keep=config.requests.truncate)
     from model.encoder import SentenceEncoder
 
-    return SentenceEncoder(config.encoder)
+    return SentenceEncoder(config.encoder, keep=config.requests.truncate)
 
 
 def runtime(config: RouterConfig) -> str:

@@ -24,7 +24,7 @@ from router.rules import RequestFacts
 
 _DEFAULT_POLICY = RequestsConfig()
 
-# Rough characters per token, to cap joined turns without running the tokenizer on the event loop.
+# Rough characters per token, to bound routed texts without running the tokenizer on the event loop.
 CHARS_PER_TOKEN = 4
 
 
@@ -437,14 +437,15 @@ def texts_to_route(turns: list[str], system: str | None, policy: RequestsConfig 
 
 def routed(turns: list[str], system: str | None, policy: RequestsConfig = _DEFAULT_POLICY,
            max_turns: int = 1) -> tuple[tuple[str, ...], bool]:
-    """texts_to_route, and whether any text was cut to fit."""
+    """texts_to_route, and whether any is estimated longer than the encoder's window (prompt_max_tokens)."""
     if max_turns > 1:
         texts = turns[-max_turns:]
     else:
         turns = turns[-policy.prompt_turns :]
         texts = [_joined(([system] if policy.include_system else []) + turns)] if turns else []
-    cap = policy.prompt_max_tokens * CHARS_PER_TOKEN
-    return tuple(capped(t, cap, policy.truncate) for t in texts), any(len(t) > cap for t in texts)
+    cap = 2 * policy.prompt_max_tokens * CHARS_PER_TOKEN
+    return (tuple(capped(t, cap, policy.truncate) for t in texts),
+            any(estimate_tokens(t) > policy.prompt_max_tokens for t in texts))
 
 
 def capped(text: str, cap: int, keep: str = "tail") -> str:

@@ -15,6 +15,7 @@ from model.location import resolve_model
 from router import metrics
 from router.config import EncoderConfig
 from model.thread_policy import ThreadTuner
+from model.truncation import Keep, cut_ids
 from model.tuned import TunedEncoder
 from model.torch_threads import single_threaded
 
@@ -38,7 +39,9 @@ class SentenceEncoder(TunedEncoder):
     because fast tokenizers hold no shared mutable state across calls.
     """
 
-    def __init__(self, config: EncoderConfig):
+    def __init__(self, config: EncoderConfig, keep: Keep = "head"):
+        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate)."""
+        self.keep = keep
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         model_path = resolve_model(config.model)
         if Path(model_path).is_dir():
@@ -93,10 +96,10 @@ class SentenceEncoder(TunedEncoder):
             self._torch.cuda.synchronize()
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        out = self.tokenizer(
-            list(texts), truncation=True, max_length=self.max_seq_length, padding=False, return_attention_mask=False
-        )
-        return out["input_ids"]
+        # Whole, then cut here: the tokenizer's own truncation keeps only the start. The router has
+        # bounded the text (requests.prompt_max_tokens), so this stays cheap.
+        out = self.tokenizer(list(texts), truncation=False, padding=False, return_attention_mask=False, verbose=False)
+        return [cut_ids(ids, self.max_seq_length, self.keep) for ids in out["input_ids"]]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         torch = self._torch

@@ -20,6 +20,7 @@ import numpy as np
 from model import cpu_quota
 from model.location import export_is_current, export_path, resolve_model
 from model.thread_policy import ThreadTuner
+from model.truncation import Keep, cut_ids
 from model.tuned import TunedEncoder
 from router import metrics
 from router.config import EncoderConfig
@@ -45,7 +46,9 @@ class OnnxEncoder(TunedEncoder):
     """Only the batcher's model thread calls `embed`; `tokenize` runs on the tokenizer thread (a
     `tokenizers.Tokenizer` is safe to share: encoding keeps no state between calls)."""
 
-    def __init__(self, config: EncoderConfig):
+    def __init__(self, config: EncoderConfig, keep: Keep = "head"):
+        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate)."""
+        self.keep = keep
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the batcher has a tokenizer thread
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -71,7 +74,7 @@ class OnnxEncoder(TunedEncoder):
         self.max_seq_length = min(config.max_seq_length or limit, limit)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(self.max_seq_length)
+        self.tokenizer.no_truncation()  # cut in tokenize, keeping `keep`
         padding = json.loads((model_dir / "tokenizer_config.json").read_text()).get("pad_token") \
             if (model_dir / "tokenizer_config.json").is_file() else None
         self.pad_id = (self.tokenizer.token_to_id(padding) if isinstance(padding, str) else None) or 0
@@ -104,7 +107,7 @@ class OnnxEncoder(TunedEncoder):
         self._session_now = self._sessions[n]
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        return [cut_ids(e.ids, self.max_seq_length, self.keep) for e in self.tokenizer.encode_batch(list(texts))]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         (out,) = self._session_now.run(None, {"input_ids": ids, "attention_mask": mask})  # drops the GIL throughout

@@ -281,11 +281,12 @@ class RequestsConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     prompt_turns: int = 1  # conversation.policy last_turns: route on the last N user turns, joined
     include_system: bool = False  # last_turns: prepend the system prompt to what is routed on
-    # Cap on each routed text, estimated at 4 characters a token: a little under the bundled
-    # encoder's 256-token window, so what is cut is chosen here (truncate), not by the encoder.
-    prompt_max_tokens: int = 240
-    # What a longer text keeps: its start (head), its end (tail), or half of each (ends): README
-    # "Long prompts" measures them.
+    # The encoder's window as routing assumes it (the bundled model's: 256 tokens): a routed text
+    # estimated longer is counted as truncated; it is first cut to twice this estimate in characters
+    # (what any encoder reads, with room for text of short tokens), then by the encoder to its window.
+    prompt_max_tokens: int = 256
+    # What a longer text keeps, in both cuts: its start (head), its end (tail), or half of each
+    # (ends): README "Long prompts" measures them.
     truncate: Literal["head", "tail", "ends"] = "ends"
     # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
     harness_tags: tuple[str, ...] = HARNESS_TAGS

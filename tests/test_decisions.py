@@ -156,3 +156,13 @@ def test_uncalibrated_confidence_is_1_for_rules_and_a_prior_on_fallbacks():
     floor = RouteClassifier(config(calibration={"matched": [0.6], "default": [0.2]}, min_confidence=0.7), encode)
     d = floor.classify(unit(1, 0, 0))
     assert (d.route, d.reason, d.confidence) == ("general", "low_confidence", 0.2)
+
+
+def test_the_encoder_keeps_the_part_requests_truncate_names():
+    from model.truncation import cut_ids
+
+    ids = [101] + list(range(1, 11)) + [102]  # [CLS] 1..10 [SEP]
+    assert cut_ids(ids, 6, "head") == [101, 1, 2, 3, 4, 102]
+    assert cut_ids(ids, 6, "tail") == [101, 7, 8, 9, 10, 102]
+    assert cut_ids(ids, 6, "ends") == [101, 1, 2, 9, 10, 102]
+    assert cut_ids(ids, 20, "ends") == ids
