@@ -177,7 +177,12 @@ class PromptGuard:
 
 async def guard_scorer(settings: PromptGuardSettings, embed) -> GuardScorer:
     """The guard's scorer; `embed(text, deadline)` embeds its exemplars (a head needs none)."""
-    if settings.head is not None:
-        return GuardScorer(head=settings.head)
     deadline = time.monotonic() + 60.0
+    if settings.head is not None:
+        scorer = GuardScorer(head=settings.head)
+        given = (await embed("dimension probe", deadline)).shape[-1]
+        if given != scorer.dimension:  # a head fitted on another encoder's embeddings
+            raise ValueError(f"filter_settings.prompt_guard.head: takes {scorer.dimension}-dimension embeddings; "
+                             f"the encoder gives {given}")
+        return scorer
     return GuardScorer(exemplars=np.stack([await embed(text, deadline) for text in settings.exemplars]))
