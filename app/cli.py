@@ -68,6 +68,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share_flag(value: str) -> float | None:
+    if value == "data":
+        return None
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, or data, got {value!r}")
+    return share
+
+
 def _workers_flag(value: str) -> str:
     if value == "auto" or (value.isdigit() and 1 <= int(value) <= 64):
         return value
@@ -576,10 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first fine-tune the encoder on the in-scope examples (their intents when every line has "
                     "one); saved as OUT's name with .model, which the written config names")
     ft.add_argument("--finetune-epochs", type=float, default=1.0)
-    ft.add_argument("--confidence-default-share", type=float, default=SHIFTED_DEFAULT_SHARE, metavar="SHARE",
+    ft.add_argument("--confidence-default-share", type=_share_flag, default=SHIFTED_DEFAULT_SHARE, metavar="SHARE",
                     help="calibrate x-semantic-route-confidence for traffic of which this share belongs to the "
-                    "default route, as the shifted objective assumes (default 0.2; ignored when the data has no "
-                    "default-route examples)")
+                    "default route, as the shifted objective assumes (default 0.2), or `data` for the data's own "
+                    "mix (also what data with no default-route examples gets)")
     ft.add_argument("--guard-fpr", type=float, default=0.01, metavar="RATE",
                     help="guard data: the threshold lets at most this share of allowed requests be blocked (default 0.01)")
     ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")

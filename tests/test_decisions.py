@@ -166,3 +166,15 @@ def test_the_encoder_keeps_the_part_requests_truncate_names():
     assert cut_ids(ids, 6, "tail") == [101, 7, 8, 9, 10, 102]
     assert cut_ids(ids, 6, "ends") == [101, 1, 2, 9, 10, 102]
     assert cut_ids(ids, 20, "ends") == ids
+
+
+def test_eval_reports_the_confidence_also_at_the_default_share_fit_calibrates_for():
+    from router.classifier import Decision
+    from tuning.evaluation import evaluate
+
+    labels = ["math"] * 9 + ["general"]
+    decisions = [Decision("math", "m", 1.0, "matched", 0.9)] * 9 + [Decision("math", "m", 1.0, "matched", 0.9)]
+    report = evaluate(labels, decisions, ["math", "general"], "general")
+    assert report["confidence"]["ece"] == 0.0  # 9 of 10 right at 0.9
+    # weighted so the default route's (wrong) example is a fifth: right 0.8 of the time at 0.9
+    assert report["confidence"]["shifted"] == {"default_share": 0.2, "ece": 0.1}

@@ -101,9 +101,21 @@ def evaluate(labels: Sequence[str], decisions: Sequence[Decision], names: Sequen
         "shifted": shifted,
         "per_route": per_route,
         "confusion": confusion,
-        "confidence": reliability([d.confidence for d in decisions], y == p),
+        "confidence": _confidence(decisions, y == p, in_scope, default_share),
         "reasons": {r: int(n) for r, n in zip(*np.unique([d.reason for d in decisions], return_counts=True))},
     }
+
+
+def _confidence(decisions: Sequence[Decision], right: np.ndarray, in_scope: np.ndarray, default_share: float) -> dict:
+    """Reliability of the confidence on the data, and (`shifted`) with the default route's examples
+    weighted to `default_share` of the whole, the mix fit calibrates for."""
+    confidence = [d.confidence for d in decisions]
+    report = reliability(confidence, right)
+    if in_scope.any() and (~in_scope).any():
+        weight = np.where(in_scope, (1 - default_share) / in_scope.mean(), default_share / (~in_scope).mean())
+        shifted = reliability(confidence, right, weight=weight)
+        report["shifted"] = {"default_share": default_share, "ece": shifted["ece"]}
+    return report
 
 
 def format_report(report: dict, default: str) -> str:
@@ -116,7 +128,9 @@ def format_report(report: dict, default: str) -> str:
            f"{report['shifted']['accuracy']:.4f}"] if report.get("shifted") else []),
         *_conversation_lines(report.get("conversation")),
         *([f"confidence: ECE {report['confidence']['ece']:.4f} (15 bins), AUROC right vs wrong "
-           f"{report['confidence']['auroc']}, mean {report['confidence']['mean_confidence']}"]
+           f"{report['confidence']['auroc']}, mean {report['confidence']['mean_confidence']}"
+           + (f"; ECE with {report['confidence']['shifted']['default_share']:.0%} default-route traffic "
+              f"{report['confidence']['shifted']['ece']:.4f}" if report["confidence"].get("shifted") else "")]
           if report.get("confidence") else []),
         "",
         f"{'route':<24}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}",
