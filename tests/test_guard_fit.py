@@ -66,3 +66,18 @@ def _req(blocked: bool, group: int = 0):
     from tuning.guard import GuardRequest
 
     return GuardRequest(("x",), blocked, "c", group, "x")
+
+
+def test_a_head_for_another_encoder_is_refused_at_setup():
+    import asyncio
+
+    from filters.builtin import PromptGuardSettings, guard_scorer
+
+    async def embed(text, deadline):
+        return np.ones(3, dtype=np.float32)
+
+    fits = PromptGuardSettings(head=GuardHead((1.0, 0.0, 0.0), 0.0), threshold=0.5)
+    assert asyncio.run(guard_scorer(fits, embed)).dimension == 3
+    wrong = PromptGuardSettings(head=GuardHead((1.0, 0.0), 0.0), threshold=0.5)
+    with pytest.raises(ValueError, match="prompt_guard.head: takes 2-dimension embeddings; the encoder gives 3"):
+        asyncio.run(guard_scorer(wrong, embed))
