@@ -164,7 +164,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(dataclasses.asdict(decision)))
         else:
-            print(f"route={decision.route} model={decision.model} score={decision.score:.4f} reason={decision.reason}")
+            print(f"route={decision.route} model={decision.model} score={decision.score:.4f} reason={decision.reason} "
+                  f"confidence={decision.confidence:.4f}")
     return 0
 
 
