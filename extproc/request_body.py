@@ -7,7 +7,8 @@ string or list), the Responses API (`input` string or items, `instructions`), An
 results, images and every other role are not read (the README's table says what is read where).
 What is routed on: the last `max_turns` user turns one by one (conversation.policy track), or
 (last_turns, max_turns 1) the last `prompt_turns` joined oldest first, the system prompt first if
-`include_system`; each text capped at about `prompt_max_tokens` (keeping `requests.truncate`'s part).
+`include_system`; each text bounded at twice `prompt_max_tokens` (estimated, in characters), keeping the
+part `requests.truncate` names; the encoder then cuts its tokens the same way.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ParsedBody:
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
     guard: tuple[str, ...] = ()  # guard_pieces, when asked for
     facts: RequestFacts | None = None  # request_facts, when asked for
-    truncated: bool = False  # a routed text was longer than requests.prompt_max_tokens
+    truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
 
 
 # Kinds a scan never falls back from: the body is refused (extproc.service.REFUSED).
@@ -409,7 +410,7 @@ def extract_turns(
     data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
 ) -> tuple[tuple[str, ...], bool]:
     """The texts to route on, oldest first (see the module's docstring; () when the user wrote
-    none), and whether one was cut to prompt_max_tokens."""
+    none), and whether one is estimated longer than the encoder's window (prompt_max_tokens)."""
     turns, system = conversation_of(data, path, policy.harness_tags)
     return routed(turns, system, policy, max_turns)
 
@@ -431,7 +432,7 @@ def texts_to_route(turns: list[str], system: str | None, policy: RequestsConfig 
     """What is embedded for a conversation: the one place the server, `eval` and `fit` build it.
     `max_turns` > 1 (conversation.policy track): each of the last `max_turns` turns on its own; 1:
     the last `prompt_turns` joined oldest first, the system prompt first if `include_system`. Each
-    text longer than `prompt_max_tokens` keeps the part `requests.truncate` names (capped)."""
+    text is bounded at twice `prompt_max_tokens` in characters, keeping the part `requests.truncate` names."""
     return routed(turns, system, policy, max_turns)[0]
 
 

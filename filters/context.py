@@ -34,7 +34,7 @@ class RequestContext:
     body_bytes: int = 0
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
     facts: RequestFacts = RequestFacts()  # what rules read (measured only when the config has rules)
-    truncated: bool = False  # a routed text was cut to requests.prompt_max_tokens
+    truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
     # Every text the backend model reads, in pieces (request_body.guard_pieces), for filters with
     # reads_all_text; more than router.config.GUARD_MAX_PIECES: the parser stopped splitting.
     guard_pieces: tuple[str, ...] = ()
