@@ -247,11 +247,13 @@ def _piece_vectors(encoder, requests) -> dict:
 
 
 def _guard_scorer(settings, encoder):
-    from router.guard import GuardScorer
+    """The served guard's scorer (filters.builtin.guard_scorer), on the offline encoder."""
+    from filters.builtin import guard_scorer
 
-    if settings.head is not None:
-        return GuardScorer(head=settings.head)
-    return GuardScorer(exemplars=encoder.encode(list(settings.exemplars)))
+    async def embed(text: str, deadline: float):
+        return encoder.encode([text])[0]
+
+    return asyncio.run(guard_scorer(settings, embed))
 
 
 def cmd_eval_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
@@ -347,7 +349,7 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
         return 2
     encoder, _ = _offline(config)
     vectors = _piece_vectors(encoder, requests)
-    exemplars = None if args.head else encoder.encode(list(settings.exemplars))
+    exemplars = None if args.head else _guard_scorer(settings, encoder)
     with _data_errors(ValueError):
         result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr)
     text = args.config.read_text()

@@ -49,6 +49,12 @@ class CalibrationConfig:
                 "fallback": round(self.fallback, 6), "examples": self.examples}
 
 
+def kind_of(choice: int, own_turn: bool) -> str:
+    """A decision's kind: the default route (choice -1), or a route the request's own turn chose
+    (matched) or an earlier turn of its conversation did (context)."""
+    return "default" if choice < 0 else "matched" if own_turn else "context"
+
+
 def features(row: np.ndarray, choice: int, n_routes: int, has_default_class: bool) -> np.ndarray:
     """The features of one score row and its choice (a route index, -1 the default route)."""
     routes = row[:n_routes]
@@ -68,10 +74,6 @@ class Calibrator:
 
     def __init__(self, config: CalibrationConfig | None):
         self.config = config
-
-    @property
-    def calibrated(self) -> bool:
-        return self.config is not None
 
     def fallback(self) -> float:
         return self.config.fallback if self.config is not None else 0.0

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from router.calibration import Calibrator, features
+from router.calibration import Calibrator, features, kind_of
 from router.config import RouterConfig
 from router.conversation import deciding_turn
 from router.head import HeadScorer, LinearHead, train_head
@@ -68,16 +68,15 @@ class RouteClassifier:
         """The decision for one row of `scores` and its choice (as `choose` gives it); `kind`:
         matched (the request's own turn), or context (an earlier turn of its conversation)."""
         n = len(self.routes)
-        x = features(row, idx, n, self.has_default_class)
+        reason = "default"
         if idx >= 0:
             route = self.routes[idx]
-            confidence = self.calibrator.confidence(kind, x, float(self.thresholds[idx]))
+            confidence = self.calibrator.confidence(kind, features(row, idx, n, self.has_default_class),
+                                                    float(self.thresholds[idx]))
             floor = self._min_confidence[idx]
             if floor is None or confidence >= floor:
                 return Decision(route.name, route.model, float(row[idx]), kind, confidence)
             reason = "low_confidence"
-        else:
-            reason = "default"
         x = features(row, -1, n, self.has_default_class)
         d = self.config.default_route
         score = float(row[-1] if self.has_default_class else row[:n].max())
@@ -87,7 +86,7 @@ class RouteClassifier:
         """The decision for one request's routed texts (rows of `scores`, oldest first): the
         server's and eval's one way to make it (router/conversation.py)."""
         turn, choice = deciding_turn(self, scores, gate)
-        return self.decision(scores[turn], choice, "matched" if turn == len(scores) - 1 else "context")
+        return self.decision(scores[turn], choice, kind_of(choice, turn == len(scores) - 1))
 
     def classify(self, embedding: np.ndarray) -> Decision:
         return self.classify_many(embedding[None, :])[0]

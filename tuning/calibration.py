@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from router.calibration import KINDS, CalibrationConfig, features
+from router.calibration import KINDS, CalibrationConfig, features, kind_of
 from router.classifier import RouteClassifier
 from router.conversation import deciding_turn
 
@@ -24,13 +24,16 @@ class Examples:
     in_scope: np.ndarray  # bool: the example's true route is not the default route
 
     def weights(self, default_share: float | None) -> np.ndarray:
-        """Per example, so that the default route's examples weigh `default_share` of the whole
-        (None, or no examples on one side: the data's own mix)."""
-        n_out = int((~self.in_scope).sum())
-        if default_share is None or n_out == 0 or n_out == len(self.in_scope):
-            return np.ones(len(self.in_scope))
-        n = len(self.in_scope)
-        return np.where(self.in_scope, (1 - default_share) * n / (n - n_out), default_share * n / n_out)
+        return share_weights(self.in_scope, default_share)
+
+
+def share_weights(in_scope: np.ndarray, default_share: float | None) -> np.ndarray:
+    """Per example, so that the default route's examples (~in_scope) weigh `default_share` of the
+    whole (None, or no examples on one side: the data's own mix, every weight 1)."""
+    n, n_out = len(in_scope), int((~in_scope).sum())
+    if default_share is None or n_out == 0 or n_out == n:
+        return np.ones(n)
+    return np.where(in_scope, (1 - default_share) * n / (n - n_out), default_share * n / n_out)
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None, l2: float = 1e-3,
@@ -108,7 +111,7 @@ def labelled_examples(classifier: RouteClassifier, scores: np.ndarray, truth: np
     (`truth`: route index per row, -1 the default route)."""
     choice = classifier.choose(scores)
     n, has_default = len(classifier.routes), classifier.has_default_class
-    kinds = ["matched" if c >= 0 else "default" for c in choice]
+    kinds = [kind_of(int(c), own_turn=True) for c in choice]
     x = np.stack([features(row, int(c), n, has_default) for row, c in zip(scores, choice)])
     return Examples(kinds, x, choice == truth, truth >= 0)
 
@@ -123,7 +126,7 @@ def conversation_examples(classifier: RouteClassifier, turn_scores: Sequence[Seq
     kinds, x, right = [], [], []
     for scores, label in zip((s for dialogue in turn_scores for s in dialogue), labels):
         turn, choice = deciding_turn(classifier, scores, gate)
-        kinds.append("default" if choice < 0 else "matched" if turn == len(scores) - 1 else "context")
+        kinds.append(kind_of(choice, turn == len(scores) - 1))
         x.append(features(scores[turn], choice, n, has_default))
         right.append((names[choice] if choice >= 0 else default) == label)
     return Examples(kinds, np.stack(x), np.asarray(right), np.asarray([label != default for label in labels]))

@@ -12,7 +12,7 @@ from extproc.request_body import request_facts, texts_to_route
 from router.classifier import Decision, RouteClassifier
 from router.config import RouterConfig
 from router.rules import Rules
-from tuning.calibration import reliability
+from tuning.calibration import reliability, share_weights
 from tuning.jsonl import known_label, read_records
 
 
@@ -112,8 +112,7 @@ def _confidence(decisions: Sequence[Decision], right: np.ndarray, in_scope: np.n
     confidence = [d.confidence for d in decisions]
     report = reliability(confidence, right)
     if in_scope.any() and (~in_scope).any():
-        weight = np.where(in_scope, (1 - default_share) / in_scope.mean(), default_share / (~in_scope).mean())
-        shifted = reliability(confidence, right, weight=weight)
+        shifted = reliability(confidence, right, weight=share_weights(in_scope, default_share))
         report["shifted"] = {"default_share": default_share, "ece": shifted["ece"]}
     return report
 

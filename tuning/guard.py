@@ -47,35 +47,32 @@ def is_guard_data(path: str | Path) -> bool:
 
 
 def load_guard_data(path: str | Path, policy: RequestsConfig) -> list[GuardRequest]:
-    out: list[GuardRequest] = []
-
     def label_of(value) -> bool:
         if value not in LABELS:
             raise BadRecord(f"label must be block or allow, got {value!r}")
         return value == "block"
 
-    def parse(row: dict) -> list[GuardRequest]:
-        group, category = len(out), str(row.get("category", "-"))
+    def parse(row: dict) -> list[tuple[dict, bool, str]]:
+        """(the request's body, blocked, the user's own text) per request of a record."""
         if "text" in row:
-            body = {"messages": [{"role": "user", "content": str(row["text"])}]}
-            made = [GuardRequest(guard_pieces(body, PATH, policy), label_of(row["label"]), category, group,
-                                 str(row["text"]))]
-        else:
-            messages = row["messages"]
-            if "labels" in row:
-                users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-                if len(row["labels"]) != len(users):
-                    raise BadRecord(f"{len(row['labels'])} labels for {len(users)} user messages")
-                made = [GuardRequest(guard_pieces({"messages": messages[: i + 1]}, PATH, policy), label_of(label),
-                                     category, group, str(messages[i]["content"]))
-                        for i, label in zip(users, row["labels"])]
-            else:
-                made = [GuardRequest(guard_pieces({"messages": messages}, PATH, policy), label_of(row["label"]),
-                                     category, group, str(messages[-1]["content"]))]
-        out.extend(made)
-        return made
+            return [({"messages": [{"role": "user", "content": str(row["text"])}]}, label_of(row["label"]),
+                     str(row["text"]))]
+        messages = row["messages"]
+        if "labels" not in row:
+            return [({"messages": messages}, label_of(row["label"]), str(messages[-1]["content"]))]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if len(row["labels"]) != len(users):
+            raise BadRecord(f"{len(row['labels'])} labels for {len(users)} user messages")
+        return [({"messages": messages[: i + 1]}, label_of(label), str(messages[i]["content"]))
+                for i, label in zip(users, row["labels"])]
 
-    read_records(path, parse, '{"text", "label": "block"|"allow"} or {"messages", "label"/"labels"}', "guard examples")
+    def category(row: dict) -> str:
+        return str(row.get("category", "-"))
+
+    records = read_records(path, lambda row: (category(row), parse(row)),
+                           '{"text", "label": "block"|"allow"} or {"messages", "label"/"labels"}', "guard examples")
+    out = [GuardRequest(guard_pieces(body, PATH, policy), blocked, kind, group, text)
+           for group, (kind, requests) in enumerate(records) for body, blocked, text in requests]
     return [r for r in out if r.pieces]
 
 
@@ -113,15 +110,13 @@ def threshold_for(allowed_scores: np.ndarray, target_fpr: float) -> float:
 
 def split_groups(requests: Sequence[GuardRequest], holdout: float, seed: int) -> tuple[list[int], list[int]]:
     """Request indices of a train / held-out split by record, stratified by label and category."""
-    by_stratum: dict[tuple, list[int]] = defaultdict(list)
+    by_stratum: dict[tuple, dict[int, None]] = defaultdict(dict)  # groups in order of first sight, once
     for r in requests:
-        key = (r.blocked, r.category)
-        if r.group not in by_stratum[key]:
-            by_stratum[key].append(r.group)
+        by_stratum[(r.blocked, r.category)][r.group] = None
     rng = np.random.default_rng(seed)
     held: set[int] = set()
     for key in sorted(by_stratum, key=str):
-        groups = by_stratum[key]
+        groups = list(by_stratum[key])
         rng.shuffle(groups)
         held.update(groups[: int(round(len(groups) * holdout))])
     train = [i for i, r in enumerate(requests) if r.group not in held]
@@ -150,13 +145,14 @@ class GuardFit:
     notes: list[str]
 
 
-def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], exemplars: np.ndarray | None,
+def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], exemplars: GuardScorer | None,
               with_head: bool, target_fpr: float, holdout: float = 0.2, seed: int = 0) -> GuardFit:
-    """A head (with_head) trained on a split of the records, or the config's exemplars; the threshold
-    for `target_fpr` false positives per allowed request on the held-out records, and what it catches there."""
+    """A head (with_head) trained on a split of the records, or the config's exemplars (their scorer);
+    the threshold for `target_fpr` false positives per allowed request on the held-out records, and
+    what it catches there."""
     train, test = split_groups(requests, holdout, seed)
     head = train_guard_head([requests[i] for i in train], vectors, seed) if with_head else None
-    scorer = GuardScorer(exemplars=exemplars, head=head)
+    scorer = GuardScorer(head=head) if head is not None else exemplars
     held = [requests[i] for i in test]
     scores = request_scores(scorer, held, vectors)
     allowed = scores[~np.asarray([r.blocked for r in held])]
