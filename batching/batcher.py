@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from batching.admission import LoadEstimate
 from batching.backend import Backend
 from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
@@ -56,12 +57,7 @@ class ContinuousBatcher:
         self._warmed = threading.Event()  # lane 0 has warmed the backend up (or failed to)
         self._warm_failed = False
         self.cost = BatchCostModel()
-        # Written by the model thread, read by admission on the loop (a stale read only shifts
-        # one estimate): when each lane's running batch should end, and what recent batches looked like.
-        self._busy_until = [0.0] * lanes
-        self._mean_tokens = 16.0
-        self._mean_padding = 0.0
-        self._mean_batch = 1.0  # requests per batch lately: how fast the queue really drains
+        self._load = LoadEstimate(settings, lanes, self.cost)
         # How late the loop runs a callback the model thread hands it: a busy loop delays every
         # answer by this much. Rises at once, decays slowly (written on the loop only).
         self._settle_delay = 0.0
@@ -141,23 +137,8 @@ class ContinuousBatcher:
     def predicted_wait(self) -> float:
         """Seconds until a request admitted now would have its embedding: until a lane may cut a
         batch, then every batch needed for what is queued (this request included), lanes at a time."""
-        if not self.cost.ready:
-            return 0.0
-        s = self.settings
         reserved, tokens = self._queue.depth
-        tokens += max(0, reserved - self._queue.queued) * self._mean_tokens  # not tokenized yet
-        padded = tokens / max(0.1, 1.0 - self._mean_padding)
-        # Batches cut to their oldest item's deadline can be far below max_batch_size: judge how
-        # many it takes to clear the queue by what batches have been, where that is more.
-        per_batch = min(s.max_batch_size, max(self._mean_batch, reserved / 2))
-        batches = max(1, math.ceil(reserved / per_batch), math.ceil(padded / s.max_batch_tokens))
-        fixed, per_token = self.cost.coefficients
-        # The queue cuts a batch beside a running one only once a full batch waits (BatchQueue.
-        # next_batch): short of that, the wait is for every running batch, not for the first.
-        free_at = min(self._busy_until) if reserved >= s.max_batch_size else max(self._busy_until)
-        running = max(0.0, free_at - time.monotonic())
-        rounds = math.ceil(batches / self.lanes)
-        return running + rounds * fixed + per_token * padded / self.lanes + self.margin
+        return self._load.predicted_wait(reserved, self._queue.queued, tokens, self.margin)
 
     def _hand_over(self) -> None:
         # One hand-off per loop iteration, not per request: clients that resume together
@@ -301,13 +282,14 @@ class ContinuousBatcher:
         if not items:
             return
         started = time.monotonic()
-        self._busy_until[lane] = started + batch.predicted_s
+        self._load.batch_started(lane, batch)
         waits = [started - i.enqueued_at for i in items]
         t0 = time.perf_counter()
+        learned: float | None = None
         try:
             vectors = self.backend.embed([i.inputs for i in items], max(i.deadline for i in items))
             outcomes: list[object] = list(vectors)
-            self._learn(batch, time.perf_counter() - t0)
+            learned = time.perf_counter() - t0
         except BatcherError as exc:  # not about these inputs (an engine that is down): no retries
             log.debug("batch of %d failed: %s", len(items), exc)  # the backend logs state changes
             outcomes = [exc] * len(items)
@@ -323,16 +305,10 @@ class ContinuousBatcher:
             if bad:
                 self.observer.on_dropped("error", bad)
         inference_s = time.perf_counter() - t0
-        self._busy_until[lane] = 0.0
+        self._load.batch_ended(lane, batch, learned)
         self.observer.on_batch(len(items), batch.tokens, batch.padded_tokens, inference_s, waits)
         self.observer.on_queue_depth(*self._queue.depth)
         self._settle_from_thread(items, outcomes)
-
-    def _learn(self, batch: Batch, seconds: float) -> None:
-        self.cost.observe(batch.padded_tokens, seconds)
-        self._mean_tokens += 0.1 * (batch.tokens / len(batch.items) - self._mean_tokens)
-        self._mean_padding += 0.1 * (1.0 - batch.tokens / batch.padded_tokens - self._mean_padding)
-        self._mean_batch += 0.2 * (len(batch.items) - self._mean_batch)
 
     def _embed_one(self, item: WorkItem) -> object:
         try:

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-class SettingError(ValueError):
-    """A setting is out of range; `field` names it, so a config loader can point at the key."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+from esr_settings import SettingError
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from batching import BatcherSettings, ContinuousBatcher
 from bench.report import emit, latency_stats
 from bench.workloads import WORKLOADS
-from router.config import EncoderConfig
-from model.encoder import SentenceEncoder
-from model.torch_threads import on_own_thread
+from esr_config import EncoderConfig
+from esr_model.encoder import SentenceEncoder
+from esr_model.torch_threads import on_own_thread
 
 FAR = 3600.0
 

@@ -32,8 +32,8 @@ from bench.ext_proc_bench import ExtProcClient, launch_router
 from bench.overload_bench import scrape
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, Stack, StackPorts, free_port
-from router.config import load_config
-from tuning.conversations import Dialogue, TurnTable, conversation_metrics
+from esr_config import load_config
+from esr_tuning.conversations import Dialogue, TurnTable, conversation_metrics
 
 SGD = ROOT.parent / "shared" / "data" / "sgd"
 

@@ -94,7 +94,7 @@ def launch_router(path: Path, config: dict, cgroup: Path | None = None, metrics_
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--config", str(path), "--grpc-port", str(port),
+        [sys.executable, "-m", "esr_app", "serve", "--config", str(path), "--grpc-port", str(port),
          "--metrics-port", str(metrics_port or free_port()), "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
         preexec_fn=join_cgroup if cgroup is not None else None,

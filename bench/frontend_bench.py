@@ -76,7 +76,7 @@ class Gateway:
         cfg.write_text(yaml.safe_dump(config))
         self.grpc, self.metrics, self.listener, admin = free_port(), free_port(), free_port(), free_port()
         self.router = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--config", str(cfg), "--grpc-port", str(self.grpc),
+            [sys.executable, "-m", "esr_app", "serve", "--config", str(cfg), "--grpc-port", str(self.grpc),
              "--metrics-port", str(self.metrics), "--workers", str(workers), "--log-level", "warning"],
             stdout=subprocess.PIPE, text=True, cwd=ROOT)
         for line in self.router.stdout:

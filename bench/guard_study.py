@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app.cli import _offline, _piece_vectors
-from router.config import load_config
+from esr_app.cli import _offline, _piece_vectors
+from esr_config import load_config
 from router.guard import GuardScorer
-from tuning.guard import guard_report, load_guard_data, request_scores, split_groups, threshold_for, train_guard_head
+from esr_tuning.guard import guard_report, load_guard_data, request_scores, split_groups, threshold_for, train_guard_head
 
 
 def measure(scorer, held, vectors, target):

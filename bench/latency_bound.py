@@ -22,9 +22,9 @@ import numpy as np
 
 from bench.report import emit, latency_stats
 from bench.workloads import short_prompts
-from router.config import EncoderConfig
-from model.encoder import SentenceEncoder
-from model.torch_threads import on_own_thread
+from esr_config import EncoderConfig
+from esr_model.encoder import SentenceEncoder
+from esr_model.torch_threads import on_own_thread
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

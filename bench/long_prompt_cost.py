@@ -25,7 +25,7 @@ LONG = "solve 3x + 5 = 20 " * 200  # truncated to the model's 256 tokens
 
 
 async def measure(config, rounds: int) -> dict:
-    from app.embedding import start_batcher
+    from esr_app.embedding import start_batcher
 
     batcher = await start_batcher(config)
     try:
@@ -52,7 +52,7 @@ async def measure(config, rounds: int) -> dict:
 
 
 def main() -> None:
-    from router.config import load_config
+    from esr_config import load_config
 
     p = argparse.ArgumentParser()
     p.add_argument("--neighbours", type=int, nargs="+", default=[0, 1, 2])

@@ -4,7 +4,7 @@ CLINC150 val questions (in scope) made long: filler (~4x the routed cap) placed 
 question, then a pasted document), before it (a document, then the question), or on both sides (the
 question in the middle). Filler `logs`: generated service log lines, about nothing a route is about;
 `sgd`: SGD dialogue text, which is about restaurants, flights and music, as some CLINC150 intents are. Each config routes them as the server
-does (tuning.evaluation: the same texts_to_route cut, then the encoder's own cut of the tokens); the
+does (esr_tuning.evaluation: the same texts_to_route cut, then the encoder's own cut of the tokens); the
 table is the accuracy per placement.
 
     python -m bench.long_prompts --config build/clinc150.fitted.yaml --out build/bench-long-prompts.json
@@ -13,16 +13,16 @@ table is the accuracy per placement.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 from pathlib import Path
 
 import numpy as np
 
-from app.cli import _offline
-from router.config import load_config
-from tuning.evaluation import decide_labelled, routed_texts_of
+from esr_settings import replace_at
+from esr_app.cli import _offline
+from esr_config import load_config
+from esr_tuning.evaluation import decide_labelled, routed_texts_of
 
 CLINC = Path("../shared/data/clinc150/val.jsonl")
 SGD = Path("../shared/data/sgd/dev.jsonl")
@@ -66,7 +66,7 @@ def main() -> None:
     labels = np.asarray([r["label"] for r in rows])
     results = {}
     for keep in ("head", "tail", "ends"):
-        config = dataclasses.replace(base, requests=dataclasses.replace(base.requests, truncate=keep))
+        config = replace_at(base, "requests", truncate=keep)
         encoder, classifier = _offline(config)  # the encoder keeps the same part of the tokens
         for name, texts in prompts.items():
             embeddings = encoder.encode(routed_texts_of(config, texts))

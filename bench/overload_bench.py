@@ -29,8 +29,8 @@ from bench.report import emit
 from devstack.envoy_binary import find_envoy
 from devstack.readiness import http_ok, wait_ready
 from devstack.stack import ROOT, StackPorts, free_port, on_stack_ports
-from router.config import load_config
-from extproc.envoy_config import render
+from esr_config import load_config
+from esr_app.envoy_config import render
 
 GOOD = ("matched", "default")
 

@@ -34,7 +34,7 @@ TOLERANCE = 0.005
 
 
 def cli(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "esr_app", *args], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "SEMANTIC_ROUTER_LOG_LEVEL": "warning"})
     if out.returncode:
         raise SystemExit(f"semantic-router {' '.join(args)} failed:\n{out.stderr[-3000:]}")

@@ -27,7 +27,7 @@ from bench.report import emit
 from bench.workloads import short_prompts
 from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import free_port
-from remote.embeddings_api import EmbeddingsAPI
+from esr_remote.embeddings_api import EmbeddingsAPI
 
 CONCURRENCY = (1, 8, 64)
 

@@ -33,7 +33,7 @@ from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy
 from bench.report import emit
 from bench.workloads import WORKLOADS
 from devstack.stack import free_port
-from router.config import EncoderConfig
+from esr_config import EncoderConfig
 
 VARIANTS = {
     "torch": ({"backend": "torch"}, {"event_loop": "asyncio"}),
@@ -84,8 +84,8 @@ def through_envoy(args, workdir: Path) -> list[dict]:
 
 
 def model_alone(args) -> list[dict]:
-    from model.encoder import SentenceEncoder
-    from model.onnx_encoder import OnnxEncoder
+    from esr_model.encoder import SentenceEncoder
+    from esr_model.onnx_encoder import OnnxEncoder
 
     encoders = {"torch": SentenceEncoder(EncoderConfig(backend="torch", device="cpu")),
                 "onnx_fp32": OnnxEncoder(EncoderConfig(backend="onnx", precision="fp32")),

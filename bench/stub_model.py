@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from app.model_process import ModelProcess
-from router.config import load_config
+from esr_app.model_process import ModelProcess
+from esr_config import load_config
 from devstack.stack import ROOT
 
 DIMENSION = 384

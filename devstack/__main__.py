@@ -10,7 +10,7 @@ from pathlib import Path
 
 from devstack.stack import ROOT, Stack, StackPorts
 from devstack.supervisor import RouterSupervisor
-from router.config import load_config
+from esr_config import load_config
 
 
 def main() -> None:

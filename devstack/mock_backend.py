@@ -11,7 +11,7 @@ from typing import Mapping
 
 from aiohttp import web
 
-from extproc.request_body import peek_model
+from esr_extproc.request_body import peek_model
 
 NAME = web.AppKey("name", str)
 # Requests seen per `x-mock-key`, over every backend: how many attempts reached an upstream.

@@ -20,8 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from devstack.envoy_binary import find_envoy
 from devstack.mock_backend import MockBackends
 from devstack.readiness import http_ok, wait_ready
-from extproc.envoy_config import default_backends, render_yaml
-from router.config import BackendConfig, RouterConfig, load_config
+from esr_app.envoy_config import default_backends, render_yaml
+from esr_config import RouterConfig, load_config
+from esr_extproc.config import BackendConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,7 @@ class Stack:
 
     def start_router(self, timeout: float = 180.0) -> None:
         cmd = [
-            sys.executable, "-m", "app", "serve",
+            sys.executable, "-m", "esr_app", "serve",
             "--config", str(self.router_config),
             "--grpc-port", str(self.ports.router_grpc),
             "--metrics-port", str(self.ports.router_metrics),

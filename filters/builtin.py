@@ -11,11 +11,11 @@ from typing import Literal
 import numpy as np
 
 from filters.context import ImmediateReply, RequestContext
-from router import metrics
-from router.config import GUARD_MAX_PIECES
+from filters import metrics
+from filters.context import GUARD_MAX_PIECES
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.guard import GuardHead, GuardScorer
-from router.settings_loader import SettingError, build
+from esr_settings import SettingError, build
 
 log = logging.getLogger(__name__)
 

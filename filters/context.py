@@ -13,6 +13,10 @@ from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.rules import RequestFacts
 
+# The most pieces the body parser splits a request's texts into for a filter that reads them all
+# (the prompt guard); past it the parser stops, and such a filter cannot decide.
+GUARD_MAX_PIECES = 4096
+
 
 @dataclass
 class ImmediateReply:

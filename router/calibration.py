@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 import numpy as np
 
-from batching import SettingError
+from esr_settings import SettingError
 
 KINDS = ("matched", "context", "default")
 FEATURES = 3  # the chosen (or best) route's score, its margin over the runner-up, the default class's score
@@ -44,9 +44,6 @@ class CalibrationConfig:
         if not 0.0 <= self.fallback <= 1.0:
             raise SettingError("fallback", "must be between 0 and 1")
 
-    def as_dict(self) -> dict:
-        return {**{k: [round(float(v), 6) for v in getattr(self, k)] for k in KINDS if getattr(self, k)},
-                "fallback": round(self.fallback, 6), "examples": self.examples}
 
 
 def kind_of(choice: int, own_turn: bool) -> str:

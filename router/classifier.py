@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from router.calibration import Calibrator, features, kind_of
-from router.config import RouterConfig
+from router.config import RoutingConfig
 from router.conversation import deciding_turn
 from router.head import HeadScorer, LinearHead, train_head
 from router.similarity import Encode, SimilarityScorer
@@ -40,7 +40,7 @@ class RouteClassifier:
     are on that scale.
     """
 
-    def __init__(self, config: RouterConfig, encode: Encode, head: LinearHead | None = None):
+    def __init__(self, config: RoutingConfig, encode: Encode, head: LinearHead | None = None):
         self.config = config
         self.routes = config.routes
         self.thresholds = np.asarray([config.threshold_of(r) for r in self.routes], dtype=np.float32)
@@ -101,7 +101,7 @@ class RouteClassifier:
         return Decision(d.name, d.model, 0.0, reason, self.calibrator.fallback())
 
 
-def _scorer(config: RouterConfig, encode: Encode, head: LinearHead | None) -> tuple[Scorer, bool]:
+def _scorer(config: RoutingConfig, encode: Encode, head: LinearHead | None) -> tuple[Scorer, bool]:
     """The configured strategy, and whether it scores the default route as a class of its own."""
     names = config.route_names
     default = config.default_route

@@ -11,7 +11,7 @@ import numpy as np
 from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable, Overloaded, RemoteError
 from router import metrics
 from router.classifier import Decision, RouteClassifier
-from router.config import RouterConfig
+from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import Rules
 
@@ -42,7 +42,7 @@ def _fallback_reason(exc: Exception) -> str:
 
 
 class RoutingEngine:
-    def __init__(self, config: RouterConfig, batcher: Embedder, classifier: RouteClassifier,
+    def __init__(self, config: RoutingConfig, batcher: Embedder, classifier: RouteClassifier,
                  cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None):
         """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
         `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batching import SettingError
+from esr_settings import SettingError
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from router.classifier import Decision
-from router.config import RuleCondition, RouterConfig
+from router.config import RoutingConfig, RuleCondition
 
 
 @dataclass(frozen=True)
 class RequestFacts:
-    """What rules read of a request besides its routed text (extproc.request_body.request_facts)."""
+    """What rules read of a request besides its routed text (esr_extproc.request_body.request_facts)."""
 
     prompt_tokens: int = 0  # the whole prompt, every role, estimated; not the capped text routed on
     has_tools: bool = False
@@ -48,7 +48,7 @@ class _Rule:
 
 
 class Rules:
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RoutingConfig):
         model_of = {r.name: r.model for r in config.routes}
         model_of[config.default_route.name] = config.default_route.model
         self._rules = [_Rule(rule.when, Decision(rule.route, model_of[rule.route], 1.0, "rule"))

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from bench.adversarial_parse import SHAPES, cpu_ms
-from extproc.body_parser import BodyParser, ParseTimeout
-from extproc.request_body import MAX_DEPTH, BadBody, parse_body, scan_unread
-from router.config import RequestsConfig
+from esr_extproc.body_parser import BodyParser, ParseTimeout
+from esr_extproc.request_body import MAX_DEPTH, BadBody, parse_body, scan_unread
+from esr_extproc.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from router.classifier import Decision, RouteClassifier
-from router.config import parse_config
-from tuning.evaluation import evaluate
-from tuning.fit import fit, tune_thresholds
+from esr_config import parse_config
+from esr_tuning.evaluation import evaluate
+from esr_tuning.fit import fit, tune_thresholds
 from router.head import LinearHead, train_head
 
 

@@ -7,7 +7,8 @@ import copy
 import pytest
 import yaml
 
-from router.config import ConfigError, load_config, parse_config
+from esr_config import ConfigError, load_config, parse_config, write_config
+from esr_settings import build, replace_at
 from tests.conftest import ROOT
 
 BASE = {
@@ -102,3 +103,50 @@ def test_file_errors_name_the_file(tmp_path):
     good.write_text(yaml.safe_dump(with_change("routes.0.threshold", "x")))
     with pytest.raises(ConfigError, match=r"good.yaml: routes\[0\].threshold"):
         load_config(good)
+
+
+FULL = {
+    **BASE,
+    "encoder": {"model": "bundled:all-MiniLM-L6-v2", "device": "cpu", "backend": "onnx", "precision": "int8",
+                "remote": {"url": "https://engine.example:7997", "model": "m", "api_key_env": "KEY"}},
+    "classifier": {"method": "head", "head_score": "energy", "head_path": "router.head.npz"},
+    "default_threshold": 3.5,
+    "conversation": {"policy": "last_turns", "max_turns": 4, "gate": 2.0},
+    "requests": {"prompt_turns": 3, "include_system": True, "truncate": "tail", "harness_tags": ["system-reminder"]},
+    "rules": [{"when": {"has_tools": True, "min_prompt_tokens": 10}, "route": "math"}],
+    "calibration": {"matched": [0.1, 2.0, 3.0, -1.0], "default": [0.5], "fallback": 0.2, "examples": 100},
+    "backends": [{"model": "math-model", "address": "10.0.0.1", "port": 8000, "tls": True, "sni": "math.internal"}],
+    "envoy": {"trusted_hops": 1, "passthrough_paths": ["/v1/models"], "stats_port": 9902},
+    "server": {"workers": "auto", "deadline_ms": 250.0},
+    "batching": {"max_batch_size": 32},
+    "filters": ["prompt_guard", "model_policy", "semantic_route"],
+    "filter_settings": {"prompt_guard": {"threshold": 0.8, "head": {"weights": [0.1, 0.2], "bias": -1.0}}},
+    "cache_size": 0,
+    "min_confidence": 0.3,
+}
+
+
+@pytest.mark.parametrize("data", [BASE, FULL], ids=["minimal", "every_section"])
+def test_write_config_is_the_inverse_of_load_config(data, tmp_path):
+    """What fit writes is read back as the config it wrote: every section, the paths beside the
+    file (relative on disk, resolved on load), keys at their defaults left out of the file."""
+    (tmp_path / "router.head.npz").write_bytes(b"")
+    (tmp_path / "source.yaml").write_text(yaml.safe_dump(data))
+    loaded = load_config(tmp_path / "source.yaml")
+    write_config(loaded, tmp_path / "written.yaml", header="# credit line\n")
+    text = (tmp_path / "written.yaml").read_text()
+    assert load_config(tmp_path / "written.yaml") == loaded
+    assert text.startswith("# credit line\n")
+    on_disk = yaml.safe_load(text)
+    assert on_disk.get("classifier", {}).get("head_path", "router.head.npz") == "router.head.npz"
+    assert "batching" not in on_disk or on_disk["batching"] == {"max_batch_size": 32}  # defaults left out
+    assert set(on_disk) <= set(data)
+
+
+def test_replace_at_copies_every_dataclass_on_the_way():
+    cfg = parse_config(FULL)
+    changed = replace_at(cfg, "encoder.remote.timeout_ms", 50.0)
+    assert changed.encoder.remote.timeout_ms == 50.0 and cfg.encoder.remote.timeout_ms == 1000.0
+    assert replace_at(cfg, "server", deadline_ms=99.0).server.deadline_ms == 99.0
+    with pytest.raises(ConfigError, match="classifier.top_k"):
+        build(type(cfg), {**FULL, "classifier": {"top_k": 0}}, "")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from router.classifier import RouteClassifier
-from router.config import ConfigError, parse_config
+from esr_config import ConfigError, parse_config
 from router.conversation import deciding_turn
 from router.embedding_cache import EmbeddingCache
 from tests.fakes import FakeBackend

@@ -8,13 +8,13 @@ import re
 import numpy as np
 import pytest
 
-from extproc.request_body import capped, estimate_tokens, parse_body, request_facts, with_members
+from esr_extproc.request_body import capped, estimate_tokens, parse_body, request_facts, with_members
 from router.calibration import Calibrator, CalibrationConfig
 from router.classifier import RouteClassifier
-from router.config import ConfigError, parse_config
+from esr_config import ConfigError, parse_config
 from router.rules import RequestFacts, Rules
 from tests.test_classifier import encode, unit
-from tuning.calibration import Examples, calibrate, fit_logistic, reliability
+from esr_tuning.calibration import Examples, calibrate, fit_logistic, reliability
 
 CHAT = "/v1/chat/completions"
 
@@ -114,7 +114,7 @@ def test_capped_keeps_the_part_it_is_told_to():
     assert both.startswith("START") and both.endswith("END") and len(both) == 20
     parsed = parse_body(json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), CHAT)
     assert not parsed.truncated
-    from router.config import RequestsConfig
+    from esr_extproc.config import RequestsConfig
     assert parse_body(json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), CHAT,
                       RequestsConfig(prompt_max_tokens=8)).truncated
 
@@ -159,7 +159,7 @@ def test_uncalibrated_confidence_is_1_for_rules_and_a_prior_on_fallbacks():
 
 
 def test_the_encoder_keeps_the_part_requests_truncate_names():
-    from model.truncation import cut_ids
+    from esr_model.truncation import cut_ids
 
     ids = [101] + list(range(1, 11)) + [102]  # [CLS] 1..10 [SEP]
     assert cut_ids(ids, 6, "head") == [101, 1, 2, 3, 4, 102]
@@ -170,7 +170,7 @@ def test_the_encoder_keeps_the_part_requests_truncate_names():
 
 def test_eval_reports_the_confidence_also_at_the_default_share_fit_calibrates_for():
     from router.classifier import Decision
-    from tuning.evaluation import evaluate
+    from esr_tuning.evaluation import evaluate
 
     labels = ["math"] * 9 + ["general"]
     decisions = [Decision("math", "m", 1.0, "matched", 0.9)] * 9 + [Decision("math", "m", 1.0, "matched", 0.9)]

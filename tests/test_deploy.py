@@ -14,7 +14,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-import router.metrics  # noqa: F401  (registers every metric)
+# Every room's metrics, registered: what the dashboards and alerts may name.
+import esr_app.metrics  # noqa: F401
+import esr_extproc.metrics  # noqa: F401
+import esr_model.metrics  # noqa: F401
+import esr_remote.metrics  # noqa: F401
+import filters.metrics  # noqa: F401
+import router.metrics  # noqa: F401
 from prometheus_client import REGISTRY
 from tests.conftest import ROOT
 

@@ -9,8 +9,8 @@ import brotli
 import pytest
 import zstandard
 
-from extproc.encodings import inflate
-from extproc.request_body import BadBody
+from esr_extproc.encodings import inflate
+from esr_extproc.request_body import BadBody
 
 COMPRESS = {"gzip": gzip.compress, "br": brotli.compress, "zstd": zstandard.ZstdCompressor().compress}
 

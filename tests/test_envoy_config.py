@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from devstack.envoy_binary import find_envoy
-from router.config import BackendConfig, load_config
-from extproc.envoy_config import llm_path_regex, message_timeout_ms, render, render_yaml
+from esr_settings import replace_at
+from esr_config import load_config
+from esr_extproc.config import BackendConfig
+from esr_app.envoy_config import llm_path_regex, message_timeout_ms, render, render_yaml
 from tests.conftest import ROOT
 
 # (router config, the Envoy config committed beside it)
@@ -80,7 +82,7 @@ def http_filters(doc) -> dict:
 
 def test_the_edge_trusts_no_client_address_and_refuses_other_paths(tmp_path):
     cfg = load_config(ROOT / "router.yaml")
-    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, trusted_hops=1, passthrough_paths=("/v1/models",)))
+    cfg = replace_at(cfg, "envoy", trusted_hops=1, passthrough_paths=("/v1/models",))
     doc = render(cfg)
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["use_remote_address"] is True and hcm["xff_num_trusted_hops"] == 1
@@ -104,7 +106,7 @@ def test_llm_path_regex(path, routed):
 
 def test_cli_backend_flags_and_errors(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+        [sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
          "--backend", "math-model=math.example.com:443:tls", "--listen-port", "18080"],
         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -112,14 +114,14 @@ def test_cli_backend_flags_and_errors(tmp_path):
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
     assert clusters["math-model"]["transport_socket"]["typed_config"]["sni"] == "math.example.com"
     assert doc["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 18080
-    bad = subprocess.run([sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+    bad = subprocess.run([sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
                           "--backend", "nonsense"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "MODEL=HOST:PORT" in bad.stderr
 
 
 def test_cli_backend_flags_take_ipv6_literals_and_sni():
     out = subprocess.run(
-        [sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+        [sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
          "--backend", "math-model=[::1]:8001",
          "--backend", "general-model=[2001:db8::7]:443:tls=api.example.com",
          "--backend", "code-model=10.0.0.5:443:tls"],
@@ -137,6 +139,6 @@ def test_cli_backend_flags_take_ipv6_literals_and_sni():
     assert clusters["general-model"]["transport_socket"]["typed_config"]["sni"] == "api.example.com"
     assert clusters["code-model"]["transport_socket"]["typed_config"]["sni"] == "10.0.0.5"
     for bad in ("math-model=::1:8001", "math-model=[::1]", "math-model=host:443:tls=", "math-model=[zz]:80", "math-model=[fffff]:80"):
-        run = subprocess.run([sys.executable, "-m", "app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+        run = subprocess.run([sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
                               "--backend", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert run.returncode == 2 and "MODEL=HOST:PORT" in run.stderr, bad

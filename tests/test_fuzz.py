@@ -11,8 +11,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extproc.request_body import BadBody, parse_body, peek_model, with_model
-from router.config import RequestsConfig
+from esr_extproc.request_body import BadBody, parse_body, peek_model, with_model
+from esr_extproc.config import RequestsConfig
 from tests.test_service import Harness
 
 json_values = st.recursive(

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from router.config import RequestsConfig
+from esr_extproc.config import RequestsConfig
 from router.guard import GuardHead, GuardScorer
-from tuning.guard import guard_report, is_guard_data, load_guard_data, split_groups, threshold_for
+from esr_tuning.guard import guard_report, is_guard_data, load_guard_data, split_groups, threshold_for
 
 
 def write(path, rows):
@@ -63,7 +63,7 @@ def test_a_head_scores_a_probability_and_the_highest_piece_decides():
 
 
 def _req(blocked: bool, group: int = 0):
-    from tuning.guard import GuardRequest
+    from esr_tuning.guard import GuardRequest
 
     return GuardRequest(("x",), blocked, "c", group, "x")
 

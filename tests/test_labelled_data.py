@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from router.config import HARNESS_TAGS
-from tuning.conversations import is_conversation_data, load_dialogues
-from tuning.evaluation import load_labelled
+from esr_extproc.config import HARNESS_TAGS
+from esr_tuning.conversations import is_conversation_data, load_dialogues
+from esr_tuning.evaluation import load_labelled
 
 ROUTES = ["math", "code", "general"]
 

@@ -12,9 +12,9 @@ import pytest
 
 from batching import BatcherSettings, ContinuousBatcher
 from router.classifier import RouteClassifier
-from router.config import EncoderConfig, load_config
-from model.encoder import SentenceEncoder
-from model.location import resolve_model
+from esr_config import EncoderConfig, load_config
+from esr_model.encoder import SentenceEncoder
+from esr_model.location import resolve_model
 from tests.conftest import ROOT
 
 PROMPTS = {
@@ -75,7 +75,7 @@ def test_shipped_config_routes_sample_prompts(encoder):
 
 def test_classify_cli_prints_route():
     out = subprocess.run(
-        [sys.executable, "-m", "app", "classify", "--config", str(ROOT / "router.yaml"), "solve 2x + 3 = 7"],
+        [sys.executable, "-m", "esr_app", "classify", "--config", str(ROOT / "router.yaml"), "solve 2x + 3 = 7"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
@@ -85,7 +85,7 @@ def test_classify_cli_prints_route():
 def test_cli_reports_config_errors_by_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("routes: []\ndefault_route: {name: g, model: m}\n")
-    out = subprocess.run([sys.executable, "-m", "app", "classify", "--config", str(bad), "x"],
+    out = subprocess.run([sys.executable, "-m", "esr_app", "classify", "--config", str(bad), "x"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2
     assert "routes: needs at least one route" in out.stderr

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from batching import BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
-from modelsock import wire
-from modelsock.client import ModelClient
+from esr_modelsock import wire
+from esr_modelsock.client import ModelClient
 from tests.waiting import until as until_reached
-from modelsock.server import ModelSocketServer, SocketInUse
+from esr_modelsock.server import ModelSocketServer, SocketInUse
 from tests.fakes import FakeBackend, vector_for
 
 

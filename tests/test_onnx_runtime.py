@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from model.encoder import SentenceEncoder
-from model.location import export_is_current, export_path, resolve_model
-from model.onnx_encoder import OnnxEncoder
-from router.config import ConfigError, EncoderConfig, parse_config
+from esr_model.encoder import SentenceEncoder
+from esr_model.location import export_is_current, export_path, resolve_model
+from esr_model.onnx_encoder import OnnxEncoder
+from esr_config import ConfigError, EncoderConfig, parse_config
 from tests.conftest import ROOT
 
 CLINC_LIKE = ["in spanish, meet me tomorrow is said how", "what is my credit score", "book a table for two at 7",
@@ -91,8 +91,8 @@ def test_without_torch_a_model_with_no_export_is_a_clear_error(tmp_path):
     code = f"""
 import sys
 sys.modules["torch"] = None  # as in the torch-free image
-from router.config import EncoderConfig
-from model.onnx_encoder import OnnxEncoder
+from esr_config import EncoderConfig
+from esr_model.onnx_encoder import OnnxEncoder
 try:
     OnnxEncoder(EncoderConfig(model={str(copy)!r}, backend="onnx"))
 except ValueError as exc:
@@ -108,9 +108,9 @@ import sys
 for name in ("torch", "sentence_transformers", "transformers"):
     sys.modules[name] = None  # any import of them fails
 import asyncio, time
-import app.cli, app.server, app.pool, app.model_process
-from app.embedding import runtime, start_batcher
-from router.config import load_config
+import esr_app.cli, esr_app.server, esr_app.pool, esr_app.model_process
+from esr_app.embedding import runtime, start_batcher
+from esr_config import load_config
 config = load_config("router.yaml")
 async def main():
     batcher = await start_batcher(config)

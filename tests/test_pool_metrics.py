@@ -7,7 +7,7 @@ import json
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 
-from app.pool import ChildSamples
+from esr_app.pool import ChildSamples
 
 
 def write_counter(path, value: float) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from esr_config import load_config
+
 from tests.conftest import ROOT
 
 CLINC = ROOT.parent / "shared" / "data" / "clinc150"
@@ -27,7 +29,7 @@ def _slice(src: Path, dst: Path, per_label: int) -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "esr_app", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_fit_head_writes_a_config_that_serves(data):
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout
     assert "head_score=probability" in out.stdout and "head_score=energy" in out.stdout
-    assert yaml.safe_load(out_cfg.read_text())["classifier"]["head_score"] in {"probability", "energy"}
+    assert load_config(out_cfg).classifier.head_score in {"probability", "energy"}
     assert (data / "fitted.head.npz").exists()
     ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
     assert ev.returncode == 0, ev.stderr
@@ -83,9 +85,9 @@ def test_refit_onto_another_score_scale_writes_a_config_that_loads(data, tmp_pat
               "probability", "--out", str(out_cfg))
     assert out.returncode == 0, out.stderr
     assert "conversation.gate 9.0 dropped" in out.stdout
-    written = yaml.safe_load(out_cfg.read_text())
-    assert written["default_threshold"] == 0.5 and "gate" not in written["conversation"]
-    assert written["conversation"]["max_turns"] == 4  # the rest of the section stays
+    written = load_config(out_cfg)
+    assert written.default_threshold == 0.5 and written.conversation.gate is None
+    assert written.conversation.max_turns == 4  # the rest of the section stays
     ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
     assert ev.returncode == 0, ev.stderr
 
@@ -136,10 +138,10 @@ def test_fit_on_conversations_tunes_a_gate_that_keeps_follow_ups_on_their_route(
               "--out", str(sgd / "fitted.yaml"))
     assert out.returncode == 0, out.stderr
     assert "conversation gate" in out.stdout and "short_followups" in out.stdout
-    fitted = yaml.safe_load((sgd / "fitted.yaml").read_text())
-    gate = fitted["conversation"]["gate"]
-    assert fitted["conversation"]["policy"] == "track" and isinstance(gate, float)
-    if fitted["classifier"]["head_score"] == "probability":
+    fitted = load_config(sgd / "fitted.yaml")
+    gate = fitted.conversation.gate
+    assert fitted.conversation.policy == "track" and isinstance(gate, float)
+    if fitted.classifier.head_score == "probability":
         assert 0 < gate < 1
     # Both head scores were weighed; SGD has no default-route examples, so on plain accuracy.
     assert "head_score=probability: accuracy" in out.stdout and "head_score=energy: accuracy" in out.stdout
@@ -174,7 +176,7 @@ def test_fit_finetune_writes_a_local_model_the_config_loads(data, tmp_path):
     written = yaml.safe_load(out_cfg.read_text())
     assert written["encoder"]["model"] == "tuned.model"  # beside the config: the pair moves together
     # Loaded from another working directory: the model is found beside the config.
-    ev = subprocess.run([sys.executable, "-m", "app", "eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"),
+    ev = subprocess.run([sys.executable, "-m", "esr_app", "eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"),
                          "--json", "--html", str(tmp_path / "report.html")],
                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**__import__("os").environ,
                                                                                           "PYTHONPATH": str(ROOT)})

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from model.quantize import activation_ranges, quantize_per_token
+from esr_model.quantize import activation_ranges, quantize_per_token
 
 RNG = np.random.default_rng(3)
 W1 = RNG.normal(0, 0.05, (64, 96)).astype(np.float32)

@@ -14,11 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from app.embedding import batcher_shape, start_batcher
+from esr_app.embedding import batcher_shape, start_batcher
 from batching import DeadlineExceeded, RemoteError
-from remote.backend import REFUSALS_IN_A_ROW, RemoteBackend
-from remote.embeddings_api import EmbeddingsAPI
-from router.config import ConfigError, RemoteEncoderConfig, parse_config
+from esr_remote.backend import REFUSALS_IN_A_ROW, RemoteBackend
+from esr_remote.embeddings_api import EmbeddingsAPI
+from esr_config import ConfigError, parse_config
+from esr_remote.config import RemoteEncoderConfig
 from tests.fakes import vector_for
 
 KEY = "sk-test-0123456789abcdef"

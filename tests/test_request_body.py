@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from extproc.request_body import BadBody, parse_body
-from router.config import RequestsConfig
+from esr_extproc.request_body import BadBody, parse_body
+from esr_extproc.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
 
@@ -87,7 +87,7 @@ def test_other_api_shapes():
 
 
 def test_prompt_policy_turns_system_and_cap():
-    from router.config import RequestsConfig
+    from esr_extproc.config import RequestsConfig
 
     convo = {"model": "auto", "messages": [
         {"role": "system", "content": "You are a maths tutor."},
@@ -104,7 +104,7 @@ def test_prompt_policy_turns_system_and_cap():
 
 
 def test_anthropic_system_and_responses_instructions():
-    from router.config import RequestsConfig
+    from esr_extproc.config import RequestsConfig
 
     policy = RequestsConfig(include_system=True)
     anthropic = {"model": "auto", "system": [{"type": "text", "text": "be terse"}],
@@ -117,7 +117,7 @@ def test_anthropic_system_and_responses_instructions():
 def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     import asyncio
 
-    from extproc.body_parser import BodyParser
+    from esr_extproc.body_parser import BodyParser
 
     filler = ",".join(["1.25e3"] * 60000)
     good = ('{"model":"auto","x":[%s],"messages":[{"role":"user","content":"solve 2x = 4"}]}' % filler).encode()
@@ -157,7 +157,7 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
     import signal
     import time
 
-    from extproc.body_parser import BodyParser
+    from esr_extproc.body_parser import BodyParser
 
     large = ('{"model":"auto","x":"%s","messages":[{"role":"user","content":"solve 2x = 4"}]}' % ("y" * 4096)).encode()
 

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from batching import BatcherClosed
-from router.config import parse_config
-from app.server import PortInUse, RouterServer
+from esr_config import parse_config
+from esr_app.server import PortInUse, RouterServer
 from tests.fakes import FakeBackend
 from tests.test_service import CONFIG, body_msg, chat, headers_msg, set_headers
 
@@ -135,7 +135,7 @@ def test_a_second_router_cannot_share_a_running_routers_port():
 
 
 def test_health_command_reports_serving_for_probes():
-    from app.cli import main as cli
+    from esr_app.cli import main as cli
 
     async def main():
         async with serving() as server:

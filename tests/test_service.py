@@ -14,10 +14,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from batching import BatcherSettings, ContinuousBatcher
-from extproc.service import ExtProcService
+from esr_app.routing_build import service_settings
+from esr_extproc.service import ExtProcService, Serving
 from filters.chain import FilterChain
 from router.classifier import RouteClassifier
-from router.config import parse_config
+from esr_config import parse_config
 from router.engine import RoutingEngine
 from tests.fakes import FakeBackend, vector_for
 
@@ -70,7 +71,8 @@ class Harness:
         self.service = ExtProcService()
         pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
         engine = RoutingEngine(self.config, self.batcher, classifier)
-        self.service.serve(engine, await FilterChain.for_engine(engine))  # what RouterServer does with each engine
+        # what RouterServer does with each engine
+        self.service.serve(Serving(engine, await FilterChain.for_engine(engine), service_settings(self.config)))
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -300,7 +302,7 @@ def test_bad_filter_settings_name_the_key():
     import pytest
 
     from filters.chain import FilterChain
-    from router.config import ConfigError
+    from esr_config import ConfigError
 
     with pytest.raises(ConfigError, match="filter_settings.prompt_guard.threshold"):
         FilterChain.from_config(["prompt_guard"], {"prompt_guard": {"exemplars": ["x"], "threshold": "high"}})

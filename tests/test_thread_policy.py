@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from batching.cost_model import CALIBRATED_SHARE, BatchCostModel
-from model.cpu_quota import CpuBudget, detect
-from model.thread_policy import ThreadTuner, candidates
+from esr_model.cpu_quota import CpuBudget, detect
+from esr_model.thread_policy import ThreadTuner, candidates
 
 AFFINITY = len(os.sched_getaffinity(0))
 

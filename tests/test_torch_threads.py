@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from model.torch_threads import on_own_thread, single_threaded
+from esr_model.torch_threads import on_own_thread, single_threaded
 
 
 def test_on_own_thread_runs_elsewhere_and_the_thread_then_exits():

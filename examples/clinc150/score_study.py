@@ -22,7 +22,6 @@ embeddings on the utterances' mean.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,12 +31,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.embedding import make_backend  # noqa: E402
+from esr_settings import replace_at  # noqa: E402
+from esr_app.embedding import make_backend  # noqa: E402
 from router.classifier import RouteClassifier  # noqa: E402
-from router.config import RouterConfig, load_config  # noqa: E402
+from esr_config import RouterConfig, load_config  # noqa: E402
 from router.head import LinearHead, train_head  # noqa: E402
-from tuning.evaluation import load_labelled  # noqa: E402
-from tuning.fit import TOP_K_CANDIDATES, label_indices, objective_function, tune_thresholds  # noqa: E402
+from esr_tuning.evaluation import load_labelled  # noqa: E402
+from esr_tuning.fit import TOP_K_CANDIDATES, label_indices, objective_function, tune_thresholds  # noqa: E402
 
 
 def auroc(in_scope: np.ndarray, out_scope: np.ndarray) -> float:
@@ -116,7 +116,7 @@ def few_shot(config: RouterConfig, val_path: Path) -> dict:
     x_val, truth = encode(val.texts), label_indices(config, val.labels)
     out = {}
     for k in TOP_K_CANDIDATES:
-        cfg = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, top_k=k, aggregation="mean"))
+        cfg = replace_at(config, "classifier", top_k=k, aggregation="mean")
         clf = RouteClassifier(cfg, encode)
         out[f"similarity top_k={k}"] = _cross_fitted(clf, clf.scores(x_val), truth)
     anchors = encode([u for r in config.routes for u in r.utterances] + list(config.default_route.utterances))
@@ -126,14 +126,14 @@ def few_shot(config: RouterConfig, val_path: Path) -> dict:
         v = encode(batch) - mean
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
-    k5 = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, top_k=5, aggregation="mean"))
+    k5 = replace_at(config, "classifier", top_k=5, aggregation="mean")
     clf = RouteClassifier(k5, centred)
     out["similarity top_k=5, centred"] = _cross_fitted(clf, clf.scores(centred(val.texts)), truth)
     groups = [r.utterances for r in config.routes] + [config.default_route.utterances]
     labels = [name for name, g in zip(config.route_names, groups) for _ in g]
     head = train_head(encode([u for g in groups for u in g]), labels, config.route_names)
     for score in ("probability", "energy"):
-        cfg = dataclasses.replace(config, classifier=dataclasses.replace(config.classifier, method="head", head_score=score))
+        cfg = replace_at(config, "classifier", method="head", head_score=score)
         clf = RouteClassifier(cfg, encode, head=head)
         out[f"head on the utterances, {score}"] = _cross_fitted(clf, clf.scores(x_val), truth)
     return out

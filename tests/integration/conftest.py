@@ -13,7 +13,7 @@ import pytest
 
 from devstack.envoy_binary import find_envoy
 from devstack.readiness import http_ok, wait_ready
-from extproc.envoy_config import render_yaml
+from esr_app.envoy_config import render_yaml
 from devstack.stack import stack_with
 
 

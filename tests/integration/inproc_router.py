@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from router.config import parse_config
-from app.server import RouterServer
+from esr_config import parse_config
+from esr_app.server import RouterServer
 
 
 class InProcessRouter:

@@ -1,6 +1,6 @@
 """`semantic-router eval` scores a conversation exactly as the served router routes it: under each
 conversation policy and request setting, every user turn's route from eval's code path
-(tuning.conversations.predict on the offline encoder, as cmd_eval runs it) equals the
+(esr_tuning.conversations.predict on the offline encoder, as cmd_eval runs it) equals the
 `x-semantic-route` (and its reason and confidence) a real Envoy + router stack answers for the
 request that ends with that turn."""
 
@@ -13,10 +13,10 @@ import httpx
 import pytest
 import yaml
 
-from app.cli import _offline, _vectors
+from esr_app.cli import _offline, _vectors
 from devstack.stack import stack_with
-from router.config import load_config
-from tuning.conversations import Dialogue, load_dialogues, predict, routed_texts
+from esr_config import load_config
+from esr_tuning.conversations import Dialogue, load_dialogues, predict, routed_texts
 
 # A system prompt that leans to one route: joined in (include_system) it moves decisions.
 SYSTEM = ("You are a coding assistant: write a python function, fix the segmentation fault in my C program, "

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from devstack.stack import free_port
+from esr_settings import replace_at
 from tests.waiting import wait_for
 
 
@@ -69,16 +70,15 @@ def test_prometheus_scrapes_batches_and_routes(stack, prometheus):
 def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(tmp_path, envoy_binary):
     """The rendered stats listener (envoy.stats_port) answers /stats/prometheus with the ext_proc
     counters the fail-open alerts use; the admin's other endpoints (drain, quit) are not reachable."""
-    import dataclasses
 
     from devstack.stack import ROOT, free_port
-    from router.config import load_config
+    from esr_config import load_config
     from tests.integration.conftest import envoy_alone
 
     cfg = load_config(ROOT / "router.yaml")
     listen, admin, stats = free_port(), free_port(), free_port()
-    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, listen_port=listen, admin_port=admin,
-                                                             stats_port=stats))
+    cfg = replace_at(cfg, "envoy", listen_port=listen, admin_port=admin,
+                                                             stats_port=stats)
     with envoy_alone(envoy_binary, cfg, tmp_path) as envoy:
         text = httpx.get(f"http://127.0.0.1:{stats}/stats/prometheus", timeout=10).text
         rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]

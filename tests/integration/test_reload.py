@@ -27,7 +27,7 @@ def router(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     grpc_port, metrics_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--config", str(path), "--grpc-port", str(grpc_port),
+        [sys.executable, "-m", "esr_app", "serve", "--config", str(path), "--grpc-port", str(grpc_port),
          "--metrics-port", str(metrics_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )

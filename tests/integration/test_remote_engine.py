@@ -16,7 +16,7 @@ import yaml
 
 from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import ROOT, Stack, StackPorts, free_port
-from router.config import load_config
+from esr_config import load_config
 from tests.integration.conftest import ask, metric, scrape
 from tests.waiting import wait_for
 
@@ -81,8 +81,8 @@ def reason(r: httpx.Response) -> str:
 
 
 def test_routes_and_embeddings_match_the_local_encoder_and_the_guard_holds(remote, engine):
-    from model.encoder import SentenceEncoder
-    from remote.backend import RemoteBackend
+    from esr_model.encoder import SentenceEncoder
+    from esr_remote.backend import RemoteBackend
     from router.classifier import RouteClassifier
 
     config = load_config(ROOT / "router.yaml")  # the same routes on the bundled model, in this process

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from devstack.stack import ROOT, free_port, on_stack_ports
-from router.config import load_config
+from esr_config import load_config
 from tests.integration.conftest import envoy_alone
 
 DRAIN_SCRIPT = ROOT / "deploy" / "kubernetes" / "base" / "envoy-drain.sh"

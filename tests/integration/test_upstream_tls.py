@@ -17,7 +17,8 @@ from aiohttp import web
 
 from devstack.mock_backend import make_app
 from devstack.stack import free_port
-from router.config import BackendConfig, load_config
+from esr_config import load_config
+from esr_extproc.config import BackendConfig
 from tests.conftest import ROOT
 from tests.integration.conftest import envoy_alone
 

@@ -1,0 +1,71 @@
+"""What embeds for a config: the backend (a model loaded here, or a remote engine) and the continuous
+batcher that drives it, built the same way by the router and the model process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import os
+from typing import Callable
+
+from batching import Backend, BatcherSettings, ContinuousBatcher
+from esr_config import RouterConfig
+from esr_app.metrics import PrometheusBatchObserver
+
+BackendFactory = Callable[[RouterConfig], Backend]
+
+
+def make_backend(config: RouterConfig) -> Backend:
+    if config.encoder.remote is not None:
+        from esr_remote.backend import RemoteBackend
+
+        return RemoteBackend(config.encoder.remote)
+    if runtime(config) == "onnx":
+        from esr_model.onnx_encoder import OnnxEncoder
+
+        return OnnxEncoder(config.encoder, keep=config.requests.truncate)
+    from esr_model.encoder import SentenceEncoder
+
+    return SentenceEncoder(config.encoder, keep=config.requests.truncate)
+
+
+def runtime(config: RouterConfig) -> str:
+    """`encoder.backend` resolved: auto is torch only where there is CUDA to run it on."""
+    backend, device = config.encoder.backend, config.encoder.device
+    if backend != "auto":
+        return backend
+    if device.startswith("cuda"):
+        return "torch"
+    # No NVIDIA device node, no CUDA: decided without importing torch (seconds, and memory).
+    if device == "auto" and os.path.exists("/dev/nvidiactl") and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        return "torch" if torch.cuda.is_available() else "onnx"
+    return "onnx"
+
+
+def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
+    """The batcher's settings and lanes (batches in flight). A remote engine takes `max_batch`
+    inputs a call and `max_in_flight` calls at once, and pads its own batches: ours need not
+    be cut by padding."""
+    remote = config.encoder.remote
+    if remote is None:
+        return config.batching, 1
+    settings = dataclasses.replace(
+        config.batching, max_batch_size=remote.max_batch, max_padding=1.0,
+        max_queue_requests=max(config.batching.max_queue_requests, remote.max_batch),
+    )
+    return settings, remote.max_in_flight
+
+
+async def start_batcher(config: RouterConfig, factory: BackendFactory | None = None) -> ContinuousBatcher:
+    """The backend (loaded off the event loop: seconds of blocking work) and its warmed-up batcher."""
+    loop = asyncio.get_running_loop()
+    backend = await loop.run_in_executor(None, factory or make_backend, config)
+    settings, lanes = batcher_shape(config)
+    batcher = ContinuousBatcher(backend, settings, PrometheusBatchObserver(), lanes)
+    batcher.start(loop)
+    await batcher.started()  # warm-up runs on the model thread
+    return batcher
+

@@ -1,0 +1,76 @@
+"""Builds what serves one config on one embedder: the routing engine, its filter chain and the
+service's settings, reusing what the serving engine already embedded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Sequence
+
+import numpy as np
+
+from batching import DeadlineExceeded, Embedder, Overloaded
+from esr_config import RouterConfig
+from esr_extproc.service import ServiceSettings, Serving
+from esr_model.torch_threads import on_own_thread
+from filters.chain import FilterChain
+from router.classifier import RouteClassifier
+from router.engine import RoutingEngine
+
+
+async def build_serving(config: RouterConfig, embedder: Embedder, current: RoutingEngine | None) -> Serving:
+    """The engine for `config` and its filter chain, set up and ready to serve together, on
+    `embedder`. `current`: the engine serving now on the same embedder (None: none, or another
+    embedder), whose utterance embeddings and cache are reused. Utterances are embedded through
+    the batcher: only its model thread touches the model."""
+    texts = sorted({u for r in config.routes for u in r.utterances} | set(config.default_route.utterances))
+    # What the serving engine already embedded costs nothing again: a reload embeds only new
+    # utterances, a few at a time, so live requests are not refused for them.
+    known = current.utterances if current is not None else {}
+    lookup = {t: known[t] for t in texts if t in known}
+    lookup.update(await embed_utterances(embedder, [t for t in texts if t not in lookup],
+                                         step=16 if current else max(1, config.batching.max_queue_requests // 2)))
+
+    def encode(batch: Sequence[str]) -> np.ndarray:
+        return np.stack([lookup[t] for t in batch])
+
+    # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
+    # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
+    classifier = await on_own_thread(RouteClassifier, config, encode)
+    # One cache across reloads on the same encoder: an embedding does not depend on routes.
+    engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
+                           utterances=lookup)
+    return Serving(engine, await FilterChain.for_engine(engine), service_settings(config))
+
+
+def service_settings(config: RouterConfig) -> ServiceSettings:
+    return ServiceSettings(deadline_s=config.server.deadline_ms / 1000.0, requests=config.requests,
+                           max_request_headers=config.envoy.max_request_headers,
+                           max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts)
+
+
+# Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose
+# reload failed would serve the old routes while the others serve the new).
+_NOT_NOW = (Overloaded, DeadlineExceeded)
+
+
+async def embed_utterances(embedder: Embedder, texts: Sequence[str], step: int,
+                           budget_s: float = 300.0) -> dict[str, np.ndarray]:
+    """Embeddings of `texts`, `step` at a time; a step the batcher refuses for overload is tried
+    again after a pause (up to `budget_s` in all), so route embedding yields to live traffic."""
+    out: dict[str, np.ndarray] = {}
+    give_up = time.monotonic() + budget_s
+    for i in range(0, len(texts), step):
+        chunk, pause = texts[i:i + step], 0.05
+        while True:
+            try:
+                vectors = await asyncio.gather(*(embedder.embed(t, min(give_up, time.monotonic() + 30.0))
+                                                 for t in chunk))
+                break
+            except _NOT_NOW:
+                if time.monotonic() + pause > give_up:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        out.update(zip(chunk, vectors))
+    return out

@@ -1,0 +1,238 @@
+"""The router process and its composition root: builds every piece in order (config -> embedder
+(the model and its batcher here, or a client of a model process) -> engine -> filter chain ->
+gRPC service), serves what a reload hands it (esr_app.reload), drains on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hashlib
+import logging
+import signal
+from pathlib import Path
+from typing import Callable
+
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from esr_app import process_watch
+from esr_app.lifecycle import serve_until_signal
+from esr_app.embedding import BackendFactory, start_batcher
+from esr_app.reload import ConfigReloader
+from esr_app.routing_build import build_serving
+from batching import Backend, Embedder
+from esr_extproc.service import ExtProcService, Serving
+from filters.chain import FilterChain
+from esr_modelsock.client import ModelClient
+from esr_app import metrics
+from esr_config import RouterConfig
+from router.engine import RoutingEngine
+
+log = logging.getLogger(__name__)
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class PortInUse(RuntimeError):
+    """The gRPC port is taken (another router?): refusing to share it."""
+
+
+class RouterServer:
+    """Owns every long-lived piece; `engine` is swapped whole on reload."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        config_path: Path | None = None,
+        backend_factory: BackendFactory | None = None,
+        pool_worker: int | None = None,
+    ):
+        # backend_factory: what to run instead of what config.encoder names (fault-injection
+        # tests); None: esr_app.embedding.make_backend.
+        # pool_worker: this process's index among the workers that share grpc_port (esr_app.pool);
+        # the pool then serves /metrics for all of them.
+        self._backend_factory = backend_factory
+        self.pool_worker = pool_worker
+        self.config = config
+        self.config_path = config_path
+        self.backend: Backend | None = None
+        self.embedder: Embedder | None = None
+        self.health = health.aio.HealthServicer()
+        self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
+        self.ext_proc = ExtProcService(self.process)
+        self.grpc: grpc.aio.Server | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._metrics_http = None
+        self._version: str | None = None  # of the config serving now, exported per process
+        self._stopping = False
+        self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
+        self.reloader = (ConfigReloader(config_path, config, self._apply,
+                                        can_swap_model=config.encoder.socket is None and pool_worker is None)
+                         if config_path is not None else None)
+
+    @property
+    def engine(self) -> RoutingEngine | None:
+        return self.ext_proc.engine
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self) -> None:
+        cfg = self.config.server
+        if self.pool_worker is None:
+            self._metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
+            self.metrics_port = self._metrics_http.server_port
+        # SO_REUSEPORT (gRPC's default) would let a second router bind the same port silently and
+        # take a share of Envoy's connections: only a pool's own workers share it (the pool has
+        # checked that the port was free).
+        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                                             ("grpc.so_reuseport", int(self.pool_worker is not None))])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
+        FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
+        self.ext_proc.start()  # its worker process starts while the model loads
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
+        # A pool's worker listens only once it can route: while it starts, its siblings take the
+        # connections the kernel would otherwise hand it.
+        if self.pool_worker is None:
+            await self._listen()
+        self.embedder = await self._start_embedder()
+        # torch, transformers and the model leave ~440k long-lived objects: every full collection
+        # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
+        # between ops), a latency spike every few seconds of traffic. Frozen, they are never
+        # scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
+        gc.collect()
+        gc.freeze()
+        self._activate(self.config, await build_serving(self.config, self.embedder, None))
+        await self._set_health(self._serving_status())
+        if self.pool_worker is not None:
+            await self._listen()
+        if self.reloader is not None and self.config.server.watch_config_s > 0:
+            self._spawn(self.reloader.watch(self.config.server.watch_config_s))
+        self._spawn(process_watch.update_process_gauges(self.process))
+        self._spawn(process_watch.watch_loop_lag(self.process))
+        log.info(
+            "router serving",
+            extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
+                   "device": getattr(self.backend, "device", "n/a"),
+                   "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]},
+        )
+
+    async def _listen(self) -> None:
+        cfg = self.config.server
+        try:
+            self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        except RuntimeError as exc:
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
+            raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
+                            "(another router running?)") from exc
+        await self.grpc.start()
+
+    async def _start_embedder(self) -> Embedder:
+        """A client of the model process at encoder.socket, or the model (or remote engine) and its
+        batcher here."""
+        if self.config.encoder.socket is not None:
+            client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state)
+            client.start(asyncio.get_running_loop())
+            await client.started()
+            return client
+        batcher = await start_batcher(self.config, self._backend_factory)
+        self.backend = batcher.backend
+        return batcher
+
+    def _serving_status(self):
+        model_away = isinstance(self.embedder, ModelClient) and not self.embedder.connected
+        if self.ext_proc.serving is None or model_away:
+            return health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse.SERVING
+
+    def _on_model_state(self, up: bool) -> None:
+        # While the model process is away requests fall back (ModelUnavailable): still answered,
+        # but not routed, so the health checks say so.
+        if self.ext_proc.serving is not None and not self._stopping:
+            self._spawn(self._set_health(self._serving_status()))
+
+    def _activate(self, config: RouterConfig, serving: Serving) -> None:
+        # Not a coroutine: the swap is atomic for every request on the event loop.
+        self.config = config
+        self.ext_proc.serve(serving)
+        version = config_version(config)
+        if self._version is not None and self._version != version:
+            metrics.CONFIG_VERSION.labels(self.process, self._version).set(0)
+        metrics.CONFIG_VERSION.labels(self.process, version).set(1)
+        self._version = version
+
+    async def reload(self, why: str) -> bool:
+        """Swap in the config file's current routes; an invalid file leaves the old ones serving."""
+        if self.reloader is None:
+            raise RuntimeError("no config file to reload from")
+        return await self.reloader.reload(why)
+
+    async def _apply(self, new: RouterConfig, swap_model: bool) -> None:
+        """Serves `new` (from a reload): on a new encoder when `swap_model`, else on the running one."""
+        if swap_model:
+            await self._swap_model(new)
+        else:
+            self._activate(new, await build_serving(new, self.embedder, self.ext_proc.engine))
+
+    async def _swap_model(self, new: RouterConfig) -> None:
+        """Loads `new`'s encoder in a batcher of its own beside the running one (memory for two models
+        meanwhile), builds the routes on it, swaps engine and batcher in one step, then drains the
+        old batcher: requests already on the old engine finish on the old model."""
+        embedder = await start_batcher(new, self._backend_factory)
+        try:
+            serving = await build_serving(new, embedder, None)
+        except BaseException:
+            await embedder.aclose(0)
+            raise
+        old = self.embedder
+        self.embedder, self.backend = embedder, embedder.backend
+        self._activate(new, serving)
+        log.info("encoder swapped", extra={"model": new.encoder.model, "device": getattr(self.backend, "device", "n/a")})
+        self._spawn(old.aclose(new.server.shutdown_grace_s))
+
+    async def _set_health(self, status) -> None:
+        if status == health_pb2.HealthCheckResponse.SERVING and self.ext_proc.serving is None:
+            raise RuntimeError("refusing to report SERVING: the ext_proc service has no engine")
+        for name in ("", EXT_PROC_SERVICE):
+            await self.health.set(name, status)
+
+    async def stop(self) -> None:
+        """NOT_SERVING first, keep serving for shutdown_delay_s while that propagates (readiness
+        probes, health-checking peers), then refuse new streams, finish in-flight ones, drain."""
+        self._stopping = True
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.sleep(self.config.server.shutdown_delay_s)
+        grace = self.config.server.shutdown_grace_s
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
+        if self.embedder is not None:
+            await self.embedder.aclose(grace)
+        self.ext_proc.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        log.info("router stopped")
+
+    def on_sighup(self) -> asyncio.Task:
+        return self._spawn(self.reload("sighup"))
+
+    async def run_until_signal(self, on_ready: Callable[[], None] | None = None,
+                               signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        await serve_until_signal(self, lambda: f"router ready grpc={self.grpc_port} metrics={self.metrics_port}",
+                                 on_ready, signals, on_hup=self.on_sighup)
+
+
+def config_version(config: RouterConfig) -> str:
+    """A short hash of the config a process serves: every pool worker should export the same."""
+    return hashlib.sha256(repr(config).encode()).hexdigest()[:12]

@@ -1,0 +1,56 @@
+"""The whole file's schema: each room's section where that room declares it, and the checks that
+span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batching import BatcherSettings
+from esr_extproc.config import BackendConfig, EnvoyConfig, RequestsConfig, ServerConfig
+from esr_model.config import ModelConfig
+from esr_remote.config import RemoteEncoderConfig
+from esr_settings import require
+from router.config import RoutingConfig
+
+
+@dataclass(frozen=True)
+class EncoderConfig(ModelConfig):
+    """Where embeddings come from: the model in this process (ModelConfig's keys), a model process's
+    socket, or a remote engine."""
+
+    # A model process to embed through (its Unix socket, e.g. a node's embedding DaemonSet): the
+    # router loads no model then, and the keys above are that process's business. None: the model
+    # runs in this router (in its own model process when server.workers > 1).
+    socket: str | None = None
+    # An embedding engine to send batches to (the keys above other than `socket` then go unused).
+    remote: RemoteEncoderConfig | None = None
+
+
+@dataclass(frozen=True)
+class RouterConfig(RoutingConfig):
+    """The whole config file: the routing sections (RoutingConfig) and every other room's."""
+
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    batching: BatcherSettings = field(default_factory=BatcherSettings)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    requests: RequestsConfig = field(default_factory=RequestsConfig)
+    filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
+    filter_settings: dict = field(default_factory=dict)  # filter name -> its own settings
+    backends: tuple[BackendConfig, ...] = ()
+    envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
+    log_prompts: bool = False  # prompts are user data: off unless debugging
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.conversation.policy == "track":
+            # track reads turns one by one; joining them is what last_turns does.
+            require(self.requests.prompt_turns == 1, "requests.prompt_turns",
+                    "joins turns for conversation.policy last_turns; with track leave it at 1")
+            require(not self.requests.include_system, "requests.include_system",
+                    "applies to conversation.policy last_turns; track routes on the user's turns")
+        seen_models = set()
+        for i, b in enumerate(self.backends):
+            require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")
+            require(b.model in self.backend_models, f"backends[{i}].model",
+                    f"{b.model!r} is not the model of any route or the default route")
+            seen_models.add(b.model)

@@ -1,0 +1,140 @@
+"""The ext_proc server's sections: how request bodies are read (`requests`), the gRPC server
+(`server`), and the Envoy in front of it (`envoy`, `backends`) that `envoy-config` renders."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from esr_settings import header_safe, require
+
+_TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
+
+# What agent harnesses put into the user's turn besides the user's words: Claude Code's reminders,
+# hook output and slash-command echoes; Cline's and Roo's environment details; IDE context.
+HARNESS_TAGS = (
+    "system-reminder", "user-prompt-submit-hook", "command-name", "command-message", "command-args",
+    "local-command-stdout", "local-command-stderr", "environment_details", "ide_selection",
+    "ide_opened_file", "ide_diagnostics",
+)
+
+
+@dataclass(frozen=True)
+class RequestsConfig:
+    model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
+    unknown_model: Literal["route", "reject"] = "route"
+    max_body_bytes: int = 4 * 1024 * 1024
+    prompt_turns: int = 1  # conversation.policy last_turns: route on the last N user turns, joined
+    include_system: bool = False  # last_turns: prepend the system prompt to what is routed on
+    # The encoder's window as routing assumes it (the bundled model's: 256 tokens): a routed text
+    # estimated longer is counted as truncated; it is first cut to twice this estimate in characters
+    # (what any encoder reads, with room for text of short tokens), then by the encoder to its window.
+    prompt_max_tokens: int = 256
+    # What a longer text keeps, in both cuts: its start (head), its end (tail), or half of each
+    # (ends): README "Long prompts" measures them.
+    truncate: Literal["head", "tail", "ends"] = "ends"
+    # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
+    harness_tags: tuple[str, ...] = HARNESS_TAGS
+
+    def __post_init__(self):
+        for i, tag in enumerate(self.harness_tags):
+            require(bool(_TAG.match(tag)), f"harness_tags[{i}]", f"{tag!r} must match {_TAG.pattern}")
+        require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+        require(self.prompt_turns >= 1, "prompt_turns", "must be at least 1")
+        require(self.prompt_max_tokens >= 8, "prompt_max_tokens", "must be at least 8")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9090
+    deadline_ms: float = 500.0  # a request still undecided by then gets the default route
+    shutdown_grace_s: float = 10.0  # after the delay: in-flight streams get this long to finish
+    shutdown_delay_s: float = 1.0  # on SIGTERM: report NOT_SERVING but keep serving this long first
+    watch_config_s: float = 2.0  # poll the config file for changes this often; 0 turns it off (SIGHUP still works)
+    # ext_proc front-end processes sharing grpc_port (SO_REUSEPORT), fed by one model process.
+    # 1: one process does everything. auto: half the CPUs the router may use (the rest are for
+    # Envoy and the model process's tokenizer and GPU feeding).
+    workers: int | Literal["auto"] = 1
+    # The front end's event loop: uvloop or asyncio's own (no difference measured here: README,
+    # "Model runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio.
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+
+    def __post_init__(self):
+        require(self.workers == "auto" or 1 <= self.workers <= 64, "workers", "must be auto or between 1 and 64")
+        require(self.event_loop in ("auto", "asyncio", "uvloop"), "event_loop",
+                 f"must be auto, asyncio or uvloop, got {self.event_loop!r}")
+        for name in ("grpc_port", "metrics_port"):
+            require(0 <= getattr(self, name) <= 65535, name, "must be a port number (0 picks a free one)")
+        require(self.deadline_ms > 0, "deadline_ms", "must be positive")
+        require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must not be negative")
+        require(self.shutdown_delay_s >= 0, "shutdown_delay_s", "must not be negative")
+        require(self.watch_config_s >= 0, "watch_config_s", "must not be negative")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where Envoy sends a backend model's traffic (used by `semantic-router envoy-config`)."""
+
+    model: str
+    address: str  # an IP (static cluster) or a DNS name (strict DNS cluster)
+    port: int
+    tls: bool = False
+    sni: str | None = None  # TLS server name; defaults to the address
+    # CA bundle the backend's certificate must chain to; None: envoy.ca_bundle (the system's).
+    ca_file: str | None = None
+
+    def __post_init__(self):
+        header_safe(self.model, "model")
+        require(self.ca_file is None or self.tls, "ca_file", "needs tls: true")
+        require(1 <= self.port <= 65535, "port", "must be a port number")
+
+
+@dataclass(frozen=True)
+class EnvoyConfig:
+    """The gateway side of the deployment, for `semantic-router envoy-config`."""
+
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 8080
+    admin_address: str = "127.0.0.1"
+    admin_port: int = 9901
+    router_address: str = "127.0.0.1"  # where Envoy reaches server.grpc_port
+    max_request_bytes: int = 8 * 1024 * 1024  # Envoy's buffer for one request; above it: 413
+    upstream_timeout_s: float = 300.0  # LLM responses stream for a long time
+    # Envoy's limit on request headers, also after the router's mutation: the router refuses
+    # (431) an LLM call that leaves it no room for its own headers, rather than let Envoy 500.
+    max_request_headers: int = 100
+    # A client must have sent its whole request within this (a stalled upload holds up to
+    # max_request_bytes of Envoy's memory until then).
+    request_timeout_s: float = 60.0
+    # Envoy's heap bound for the overload manager: it resets the streams holding the most buffer
+    # from 85% and stops taking requests at 95%. Keep it under the Envoy container's memory limit.
+    max_heap_bytes: int = 384 * 1024 * 1024
+    # Proxies in front of Envoy that append to x-forwarded-for and are trusted to: 0 at the edge,
+    # where the client's own x-forwarded-for decides nothing (use_remote_address).
+    trusted_hops: int = 0
+    # Path prefixes (besides the LLM API paths) forwarded, unrouted, to the default backend;
+    # every other path gets a 404 from the gateway.
+    passthrough_paths: tuple[str, ...] = ()
+    # Certificates of TLS backends are verified against this bundle (Debian's system bundle).
+    ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"
+    # A listener on listen_address that serves only Envoy's /stats/prometheus (the admin stays on
+    # admin_address): how Prometheus sees Envoy letting requests through unrouted. None: none.
+    stats_port: int | None = None
+
+    def __post_init__(self):
+        require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
+        for i, prefix in enumerate(self.passthrough_paths):
+            require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,
+                     f"passthrough_paths[{i}]", "must be a path starting with '/'")
+        require(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
+        require(self.max_heap_bytes >= 64 * 1024 * 1024, "max_heap_bytes", "must be at least 64 MiB")
+        require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")
+        for name in ("listen_port", "admin_port", "stats_port"):
+            port = getattr(self, name)
+            require(port is None or 1 <= port <= 65535, name, "must be a port number")
+        require(self.max_request_bytes >= 1024, "max_request_bytes", "must be at least 1024")
+        require(self.upstream_timeout_s > 0, "upstream_timeout_s", "must be positive")

@@ -1,0 +1,28 @@
+"""The ext_proc service's metrics: requests by outcome, decisions by route, bodies it could not use (prefix semantic_router_)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+REQUESTS = Counter(
+    "semantic_router_requests_total", "Requests processed, by outcome (the x-semantic-route-reason).", ["outcome"]
+)
+ROUTE_DECISIONS = Counter("semantic_router_route_decisions_total", "Routing decisions, by route.", ["route"])
+PROCESSING = Histogram(
+    "semantic_router_processing_seconds", "Time from request body received to ext_proc answer.", buckets=LATENCY_BUCKETS
+)
+PROMPT_TRUNCATED = Counter(
+    "semantic_router_prompt_truncated_total",
+    "Requests whose routed text was longer than requests.prompt_max_tokens: routed on the part requests.truncate keeps.",
+)
+BAD_REQUESTS = Counter("semantic_router_bad_requests_total", "Request bodies that could not be used, by kind.", ["kind"])
+FILTER_FAILURES = Counter(
+    "semantic_router_filter_failures_total",
+    "Filter chains that timed out or raised (fallback_timeout|fallback_error); a decision made before stands.",
+    ["reason"],
+)
+STREAMS = Counter("semantic_router_ext_proc_streams_total",
+                  "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
+                  ["process"])

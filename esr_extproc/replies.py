@@ -1,0 +1,108 @@
+"""Builds the ext_proc protobuf answers Envoy expects (xds-protos messages, upb-backed)."""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from filters.context import ImmediateReply
+
+from esr_extproc.headers import ROUTER_HEADERS  # a client's copies are removed at the headers phase
+
+_HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
+_PROTECTED = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+def valid_header(name: str, value: str) -> bool:
+    """Plugins may add headers; only well-formed, non-hop-by-hop ones reach Envoy."""
+    return bool(_HEADER_NAME.match(name)) and name not in _PROTECTED and bool(_HEADER_VALUE.match(value))
+
+
+def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
+    out = {}
+    for h in headers.headers.headers:
+        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out
+
+
+def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+        for k, v in headers.items()
+    ]
+
+
+_STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS))
+# A route may already have been picked on the spoofed value: make Envoy pick again without it.
+_STRIP_AND_REROUTE = pb.CommonResponse(
+    header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS), clear_route_cache=True
+)
+
+
+def _strip(spoofed: bool) -> pb.HeadersResponse:
+    return pb.HeadersResponse(response=_STRIP_AND_REROUTE if spoofed else _STRIP_ROUTER_HEADERS)
+
+
+def headers_continue(spoofed: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_headers=_strip(spoofed))
+
+
+def headers_skip_body(spoofed: bool) -> pb.ProcessingResponse:
+    """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body."""
+    return pb.ProcessingResponse(
+        request_headers=_strip(spoofed),
+        mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
+    )
+
+
+def headers_routed(headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    """Decided at the headers phase (no body will come): strip client copies, set the route."""
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=ROUTER_HEADERS),
+        clear_route_cache=True)))
+
+
+def body_continue() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=pb.BodyResponse())
+
+
+def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=remove),
+                               clear_route_cache=True)
+    if new_body is not None:
+        common.body_mutation.body = new_body
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+
+
+def immediate(reply: ImmediateReply, headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=reply.status),
+            headers=pb.HeaderMutation(set_headers=_set({**reply.headers, **headers})),
+            body=reply.body,
+            details="semantic_router_rejected",
+        )
+    )
+
+
+_PASS_THROUGH = {
+    "response_headers": lambda: pb.ProcessingResponse(response_headers=pb.HeadersResponse()),
+    "response_body": lambda: pb.ProcessingResponse(response_body=pb.BodyResponse()),
+    "request_trailers": lambda: pb.ProcessingResponse(request_trailers=pb.TrailersResponse()),
+    "response_trailers": lambda: pb.ProcessingResponse(response_trailers=pb.TrailersResponse()),
+}
+
+
+def pass_through(kind: str) -> pb.ProcessingResponse | None:
+    """An empty answer for phases we asked Envoy to skip, should it send them anyway."""
+    make = _PASS_THROUGH.get(kind)
+    return make() if make else None

@@ -1,0 +1,324 @@
+"""The Envoy ext_proc gRPC service: one stream per HTTP request, answered through the filter chain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import AsyncIterator, NamedTuple
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from esr_extproc import encodings, replies
+from esr_extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
+from filters.builtin import openai_error
+from filters.chain import FilterChain
+from filters.context import RequestContext
+from esr_extproc.config import RequestsConfig
+from esr_extproc.request_body import BadBody, with_members
+from esr_extproc import metrics
+from router.classifier import Decision
+from router.engine import RoutingEngine
+from esr_extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
+
+log = logging.getLogger(__name__)
+
+# Headers the body answer may add (the six router headers, content-length) plus one spare.
+HEADER_HEADROOM = 8
+
+
+def canonical_path(path: str) -> str:
+    """The path as the most lenient backend reads it, for deciding whether it is an LLM call.
+
+    Envoy has already normalised it (dot segments, merged and unescaped slashes, unreserved
+    escapes: `normalize_path` in the rendered config); backends may still decode other escapes,
+    ignore `;params` and a trailing slash, or match case-insensitively, so the router does too.
+    """
+    path = urllib.parse.unquote(path.split("?", 1)[0]).split(";", 1)[0]
+    return re.sub("/+", "/", path).rstrip("/").lower()
+
+
+# Bodies refused outright, with their status, rather than routed to the default: backends would
+# read them differently from the router (a repeated key) or not at all.
+REFUSED = {"duplicate_key": 400, "too_deep": 400, "bad_encoding": 400, "inflated_too_large": 413}
+
+
+def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
+    """An OpenAI-style error straight from the gateway; the request reaches no backend."""
+    metrics.REQUESTS.labels("rejected").inc()
+    return replies.immediate(openai_error(status, message, code), {})
+
+
+class _Stream:
+    """Per-HTTP-request state between the headers and the body message."""
+
+    __slots__ = ("started", "path", "method", "headers", "body", "encoding")
+
+    def __init__(self):
+        # The request's budget runs from the first message the router sees, not from the body:
+        # time spent waiting for Envoy to buffer the body or for this loop to get to it counts.
+        self.started = time.monotonic()
+        self.path = ""
+        self.method = ""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []  # chunks; BUFFERED mode sends one, joined without a copy
+        self.encoding: str | None = None  # the body's content-encoding, one encodings.inflate reads
+
+    @property
+    def llm_call(self) -> bool:
+        return self.method == "POST" and self.path.endswith(LLM_PATHS)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What the service reads of the config, swapped with the engine on reload."""
+
+    deadline_s: float  # a request still undecided this long after its first message gets the default route
+    requests: RequestsConfig
+    max_request_headers: int  # Envoy's limit (envoy.max_request_headers)
+    max_inflated_bytes: int  # an encoded body may inflate to Envoy's own buffer (envoy.max_request_bytes)
+    log_prompts: bool = False
+
+
+class Serving(NamedTuple):
+    """The engine, its filter chain and the settings they were built with: read as one snapshot
+    per request, so a reload never mixes two configs in one answer."""
+
+    engine: RoutingEngine
+    chain: FilterChain
+    settings: ServiceSettings
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, process: str = "router"):
+        self._streams = metrics.STREAMS.labels(process)
+        # Swapped whole by a config reload (serve) without touching requests in flight. None until
+        # the first engine is built.
+        self.serving: Serving | None = None
+        self._bodies = BodyParser()
+
+    def start(self) -> None:
+        """Starts what serving needs beside the engine: the worker process for large bodies."""
+        self._bodies.start()
+
+    def serve(self, serving: Serving) -> None:
+        self.serving = serving
+
+    @property
+    def engine(self) -> RoutingEngine | None:
+        return self.serving.engine if self.serving is not None else None
+
+    def close(self) -> None:
+        self._bodies.close()
+
+    async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = _Stream()
+        self._streams.inc()
+        async for request in request_iterator:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                yield self._on_headers(request.request_headers, stream)
+                if request.request_headers.end_of_stream and stream.llm_call:
+                    return  # no body: answered at the headers phase
+            elif kind == "request_body":
+                if not stream.method:  # Envoy sent no headers message (request_header_mode: SKIP)
+                    self._from_attributes(request, stream)
+                chunk = request.request_body
+                stream.body.append(chunk.body)
+                if chunk.end_of_stream:
+                    yield await self._on_body(stream)
+                else:
+                    yield replies.body_continue()
+            else:
+                answer = replies.pass_through(kind)
+                if answer is not None:
+                    yield answer
+
+    @staticmethod
+    def _from_attributes(request: pb.ProcessingRequest, stream: _Stream) -> None:
+        """Path and method from the attributes Envoy attaches to the first message it sends
+        (`request_attributes: [request.path, request.method]`)."""
+        attrs = request.attributes.get("envoy.filters.http.ext_proc")
+        if attrs is not None:
+            stream.method = attrs.fields["request.method"].string_value if "request.method" in attrs.fields else ""
+            if "request.path" in attrs.fields:
+                stream.path = canonical_path(attrs.fields["request.path"].string_value)
+
+    def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
+        h = replies.header_map(headers)
+        stream.headers = h
+        stream.method = h.get(":method", "")
+        stream.path = canonical_path(h.get(":path", ""))
+        spoofed = any(name in h for name in replies.ROUTER_HEADERS)
+        if spoofed:
+            metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
+        if not stream.llm_call:
+            metrics.REQUESTS.labels("not_processed").inc()
+            return replies.headers_skip_body(spoofed)
+        current = self.serving
+        limit = current.settings.max_request_headers if current else None
+        if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
+            # Envoy would fail the request with a 500 once the router adds its headers.
+            metrics.BAD_REQUESTS.labels("too_many_headers").inc()
+            return _refuse(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
+                           "request_header_fields_too_large")
+        encoding = h.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            if not encodings.supported(encoding):
+                # Not readable here, and a backend that inflates it would get it unexamined.
+                metrics.BAD_REQUESTS.labels("encoded").inc()
+                return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, "
+                                    "zstd or uncompressed.", "unsupported_content_encoding")
+            stream.encoding = encoding
+        if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
+            if current is not None:
+                metrics.BAD_REQUESTS.labels("empty").inc()
+                return self._answer(None, current.engine.default("invalid_body"), current, at_headers=True)
+        return replies.headers_continue(spoofed)
+
+    async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
+        started = time.perf_counter()
+        current = self.serving
+        if current is None:  # model still loading: let Envoy's default route take it
+            metrics.REQUESTS.labels("not_ready").inc()
+            return replies.body_continue()
+        engine = current.engine
+        deadline = stream.started + current.settings.deadline_s
+        raw = b"".join(stream.body)
+        try:
+            ctx = await self._context(stream, raw, current, deadline)
+        except BadBody as bad:
+            metrics.BAD_REQUESTS.labels(bad.kind).inc()
+            log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
+            if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
+                return _refuse(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
+            response = self._answer(None, engine.default("invalid_body"), current)
+        else:
+            response = self._answer(ctx, await self._run_chain(ctx, engine, current.chain), current)
+        metrics.PROCESSING.observe(time.perf_counter() - started)
+        return response
+
+    async def _context(self, stream: _Stream, raw: bytes, serving: Serving, deadline: float) -> RequestContext:
+        """What the filters see. A body above requests.max_body_bytes is not read (only its model is
+        peeked at), but it still goes through the chain: size limits, model policy, pinning."""
+        engine, chain = serving.engine, serving.chain
+        ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
+                             deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
+        try:
+            if stream.encoding is not None:
+                raw = await self._bodies.inflate(raw, stream.encoding, serving.settings.max_inflated_bytes, deadline)
+                ctx.raw, ctx.body_bytes, ctx.inflated = raw, len(raw), True
+            if len(raw) > serving.settings.requests.max_body_bytes:
+                metrics.BAD_REQUESTS.labels("too_large").inc()
+                ctx.unread = "body_too_large"
+                ctx.requested_model, ctx.model_span = await self._bodies.scan_unread(raw, deadline)
+                return ctx
+            parsed = await self._bodies.parse(raw, stream.path, serving.settings.requests,
+                                              engine.config.conversation.turns_read, deadline, chain.reads_all_text,
+                                              engine.rules.reads_facts)
+        except ParseTimeout:
+            # Not read by the deadline (a costly shape, a busy parser): the chain still runs on
+            # what is known, so a filter that must examine every body can refuse it.
+            metrics.BAD_REQUESTS.labels("parse_timeout").inc()
+            ctx.unread = ctx.unread or "fallback_timeout"
+            return ctx
+        except ParserUnavailable:
+            metrics.BAD_REQUESTS.labels("parser_failed").inc()
+            ctx.unread = ctx.unread or "fallback_error"
+            return ctx
+        ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
+        ctx.turns, ctx.guard_pieces, ctx.truncated = parsed.turns, parsed.guard, parsed.truncated
+        if parsed.facts is not None:
+            ctx.facts = parsed.facts
+        return ctx
+
+    async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:
+        try:
+            async with asyncio.timeout_at(ctx.deadline):
+                await chain.run(ctx)
+            return ctx.decision or engine.default("default")
+        except TimeoutError:
+            failure = "fallback_timeout"
+        except Exception as exc:  # a broken filter must not fail the request, nor flood the log per request
+            log.warning("filter chain failed", extra={"error": type(exc).__name__},
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            ctx.immediate = None
+            failure = "fallback_error"
+        metrics.FILTER_FAILURES.labels(failure).inc()
+        # A decision an earlier filter made stands (a pinned model must reach its own backend, which
+        # the body names); only an undecided request takes the default route.
+        return ctx.decision or engine.default(failure)
+
+    def _answer(
+        self, ctx: RequestContext | None, decision: Decision, serving: Serving, at_headers: bool = False,
+    ) -> pb.ProcessingResponse:
+        if ctx is not None and ctx.immediate is not None:
+            metrics.REQUESTS.labels("rejected").inc()
+            return replies.immediate(ctx.immediate, self._safe_extra(ctx))
+        metrics.REQUESTS.labels(decision.reason).inc()
+        metrics.ROUTE_DECISIONS.labels(decision.route).inc()
+        headers = {
+            SELECTED_MODEL: decision.model,
+            ROUTE: decision.route,
+            SCORE: f"{decision.score:.4f}",
+            REASON: decision.reason,
+            CONFIDENCE: f"{decision.confidence:.4f}",
+        }
+        new_body = None
+        if ctx is not None:
+            headers = {**self._safe_extra(ctx), **headers}
+            if ctx.truncated:
+                metrics.PROMPT_TRUNCATED.inc()
+                headers[TRUNCATED] = serving.settings.requests.truncate  # which part was routed on
+            # Also on a fallback: "auto" must reach the backend as a model it serves. The route's
+            # set_body goes only where the router chose the route (not to a pinned model) and read the body.
+            set_body = serving.engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}
+            if ctx.body_changed and ctx.unread is None:
+                # A filter changed the document itself: serialise it. ASCII escapes keep every
+                # string valid JSON (a lone surrogate included).
+                if ctx.rewrite_model:
+                    ctx.body["model"] = decision.model
+                ctx.body.update(set_body)
+                new_body = json.dumps(dict(ctx.body), separators=(",", ":")).encode()
+            else:
+                if ctx.body_changed:
+                    log.warning("filter changed an unread body; change dropped", extra={"kind": ctx.unread})
+                members = {k: (_byte_span(ctx.body, k), v) for k, v in set_body.items()}
+                # An unread body is rewritten only where its model was found: a second `model`
+                # key would be ambiguous to backends.
+                if ctx.rewrite_model and ctx.requested_model != decision.model and (
+                        ctx.unread is None or ctx.model_span is not None):
+                    members["model"] = (ctx.model_span, decision.model)
+                if members:
+                    new_body = with_members(ctx.raw, members)
+            if ctx.inflated and new_body is None:
+                new_body = ctx.raw  # the backend reads the bytes the router read
+        if new_body is not None:
+            headers["content-length"] = str(len(new_body))
+        plain = ctx is not None and ctx.inflated
+        if serving.settings.log_prompts and ctx is not None:
+            log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
+        if at_headers:
+            return replies.headers_routed(headers)
+        return replies.body_routed(headers, new_body, remove=("content-encoding",) if plain else ())
+
+    @staticmethod
+    def _safe_extra(ctx: RequestContext) -> dict[str, str]:
+        ok = {}
+        for name, value in ctx.extra_headers.items():
+            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS:
+                ok[name] = value
+            else:
+                log.warning("filter header dropped", extra={"header": name[:64]})
+        return ok
+
+
+def _byte_span(body, key: str) -> tuple[int, int] | None:
+    """Where a top-level member of the parsed body sits in its raw bytes (None: not there)."""
+    span_of = getattr(body, "byte_span", None)
+    return span_of(key) if span_of is not None else None

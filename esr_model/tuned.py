@@ -1,0 +1,105 @@
+"""What every local model runtime shares: padding a batch, the thread count measured batch by batch
+(model/thread_policy.py), offline encoding in length order, and warm-up."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from esr_model.thread_policy import ThreadTuner
+from esr_model import metrics
+
+
+def pad(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask), int64, as long as the longest input."""
+    longest = max(len(t) for t in token_ids)
+    ids = np.full((len(token_ids), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(token_ids), longest), dtype=np.int64)
+    for row, toks in enumerate(token_ids):
+        ids[row, : len(toks)] = toks
+        mask[row, : len(toks)] = 1
+    return ids, mask
+
+
+class TunedEncoder:
+    """A Backend (batching/backend.py) on a local model. Subclasses set `cpu_threads`, `pad_id`,
+    `dimension`, `max_seq_length`, `on_cpu` and `_tuner` (None: a fixed count), and implement
+    `tokenize`, `_run(ids, mask)` and `_apply_threads(n)`."""
+
+    cpu_threads: int
+    pad_id: int
+    dimension: int
+    max_seq_length: int
+    on_cpu: bool
+    _tuner: ThreadTuner | None
+    _threads_now: int = 0
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _apply_threads(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _synchronize(self) -> None:
+        """Waits for the device where the model runs asynchronously (CUDA): warm-up timings."""
+
+    def prepare_thread(self) -> None:
+        if self.on_cpu:
+            self._set_threads(self.cpu_threads)
+
+    def _set_threads(self, n: int) -> None:
+        if n != self._threads_now:
+            self._apply_threads(n)
+            self._threads_now = n
+            metrics.MODEL_THREADS.set(n)
+
+    def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
+        ids, mask = pad(token_ids, self.pad_id)
+        if self._tuner is None:
+            return self._run(ids, mask)
+        threads = self._tuner.choose()
+        self._set_threads(threads)
+        t0 = time.perf_counter()
+        out = self._run(ids, mask)
+        self._tuner.record(threads, ids.size, time.perf_counter() - t0)
+        metrics.THREAD_BATCHES.labels(str(threads)).inc()
+        return out
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Embed directly, bypassing the batcher: offline work (CLI, eval, tests) only. Never call
+        it in a process whose batcher runs: it would run the model on a second thread."""
+        self.prepare_thread()
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        ids = self.tokenize(texts) if texts else []
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            out[chunk] = self.embed([ids[i] for i in chunk])
+        return out
+
+    def warmup(self) -> list[tuple[int, float]]:
+        self.prepare_thread()
+        # Representative shapes: single short request, a full short batch, a long one; with every
+        # thread count the tuner may pick, so each is ready (and its pool built) before traffic.
+        for threads in self._tuner.candidates if self._tuner else [None]:
+            if threads is not None:
+                self._set_threads(threads)
+            for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
+                self._run(*pad([[self.pad_id + 1] * length] * n, self.pad_id))
+        self.prepare_thread()
+        # Then a short and a long single, warm, interleaved, the fastest of five each: how the
+        # cost splits into fixed and per-token parts, which traffic of one shape cannot show.
+        best: dict[int, float] = {}
+        for _ in range(5):
+            for length in (16, self.max_seq_length):
+                batch = pad([[self.pad_id + 1] * length], self.pad_id)
+                t0 = time.perf_counter()
+                self._run(*batch)
+                self._synchronize()
+                best[length] = min(best.get(length, float("inf")), time.perf_counter() - t0)
+        return sorted(best.items())

@@ -1,0 +1,165 @@
+"""Puts an Embedder (the model process's batcher) on a Unix socket for any number of front ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+from batching import Embedder, Overloaded
+from esr_modelsock import wire
+
+log = logging.getLogger(__name__)
+
+
+class SocketInUse(RuntimeError):
+    """Another model process answers on this socket path."""
+
+
+MAX_IN_FLIGHT = 4096  # requests one front end may have open; past it each is refused (overload)
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+
+
+class _Connection(wire.FramedProtocol):
+    """One front end: its requests run as tasks; a CANCEL, or the front end going away, cancels
+    them, and a cancelled request leaves the batcher's queue without being computed. Only a process
+    of this process's user may connect (SO_PEERCRED); every frame is checked before it costs
+    anything (a finite, non-negative budget; text within wire.MAX_TEXT; MAX_IN_FLIGHT open)."""
+
+    peer = "front end"
+
+    def __init__(self, embedder: Embedder, hello: bytes, connections: set):
+        super().__init__()
+        self._embedder = embedder
+        self._connections = connections
+        self._hello = hello
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._out: wire.FrameWriter | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        uid = peer_uid(transport.get_extra_info("socket"))
+        if uid != os.getuid():
+            log.warning("refused a front end of another user", extra={"peer_uid": uid})
+            transport.close()
+            return
+        self._connections.add(self)
+        self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
+        self._out.write(wire.hello_frame(self._hello))
+
+    def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
+        now = time.monotonic()
+        for kind, payload in frames:
+            if kind == wire.EMBED:
+                request_id, budget, raw = wire.split_embed(payload)
+                refused = self._refusal(request_id, budget, raw)
+                if refused is not None:
+                    self._out.write(wire.error_frame(request_id, refused))
+                    continue
+                text = raw.decode("utf-8", "surrogatepass")
+                self._tasks[request_id] = asyncio.create_task(self._answer(request_id, text, now + budget))
+            elif kind == wire.CANCEL:
+                task = self._tasks.pop(wire.request_id_of(payload), None)
+                if task is not None:
+                    task.cancel()
+
+    def _refusal(self, request_id: int, budget: float, raw: bytes) -> Exception | None:
+        if not math.isfinite(budget) or budget < 0:
+            return ValueError(f"budget {budget!r} is not a finite, non-negative time")
+        if len(raw) > wire.MAX_TEXT:
+            return ValueError(f"text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
+        if request_id in self._tasks:
+            return ValueError(f"request id {request_id} is already in flight")
+        if len(self._tasks) >= MAX_IN_FLIGHT:
+            return Overloaded(f"{MAX_IN_FLIGHT} requests in flight on this connection")
+        return None
+
+    async def _answer(self, request_id: int, text: str, deadline: float) -> None:
+        try:
+            vector = await self._embedder.embed(text, deadline)
+            self._out.write(wire.vector_frame(request_id, vector.tobytes()))
+        except asyncio.CancelledError:
+            pass  # the front end gave up: nothing to answer
+        except Exception as exc:
+            self._out.write(wire.error_frame(request_id, exc))
+        finally:
+            self._tasks.pop(request_id, None)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self._connections.discard(self)
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+
+class ModelSocketServer:
+    def __init__(self, embedder: Embedder, path: str | Path, info: dict):
+        self.embedder = embedder
+        self.path = Path(path)
+        self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered, over every front end."""
+        return sum(c.in_flight for c in self._connections)
+
+    async def start(self) -> None:
+        """Listens once the embedder is warm: a front end that connects can be answered at once."""
+        claim(self.path)
+        loop = asyncio.get_running_loop()
+        # Mode 0600 from the moment it exists (not after a chmod): only this user's processes
+        # (the routers run as the same uid) can connect; the peer check below says so again.
+        umask = os.umask(0o177)
+        try:
+            self._server = await loop.create_unix_server(
+                lambda: _Connection(self.embedder, self._hello, self._connections), str(self.path))
+        finally:
+            os.umask(umask)
+        log.info("model socket listening", extra={"socket": str(self.path)})
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for connection in list(self._connections):  # front ends fall back at once
+                connection.close()
+            await self._server.wait_closed()
+        if self.path.is_socket():
+            self.path.unlink()
+
+
+def claim(path: Path) -> None:
+    """Removes a stale socket file left by a model process that died; refuses a live one, and a
+    path that is not a socket at all (a mistyped path must not delete someone's file)."""
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    if path.is_symlink() or not path.is_socket():
+        raise SocketInUse(f"{path}: exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a leftover
+        return
+    finally:
+        probe.close()
+    raise SocketInUse(f"{path}: another model process is serving on it")

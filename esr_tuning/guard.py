@@ -1,0 +1,174 @@
+"""The prompt guard measured and fitted on labelled data: recall, false positives per request, a threshold.
+
+Data: JSONL lines of one of
+  {"text": ..., "label": "block" | "allow", "category": ...}        one request of one user message
+  {"messages": [...], "label": "block" | "allow", "category": ...}   one request of these messages
+  {"messages": [...], "labels": ["block" | "allow", ...]}            one request per user turn: the
+                                                                       messages up to it, labelled alike
+A request is read as the served guard reads it (esr_extproc.request_body.guard_pieces: every role, in
+pieces) and scored by router.guard.GuardScorer: its highest piece. Since the guard reads every turn,
+one benign turn scored above the threshold blocks every later request of its conversation: the
+false-positive rate here is per request, with those later requests counted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from esr_extproc.request_body import guard_pieces
+from esr_extproc.config import RequestsConfig
+from router.guard import GuardHead, GuardScorer
+from esr_tuning.jsonl import BadRecord, first_record, read_records
+
+LABELS = ("block", "allow")
+PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class GuardRequest:
+    pieces: tuple[str, ...]
+    blocked: bool  # labelled block
+    category: str
+    group: int  # the record it came from (a conversation's requests share one)
+    text: str  # what a head learns from: the user's own text (a turn, or the record's text)
+
+
+def is_guard_data(path: str | Path) -> bool:
+    row = first_record(path)
+    if not isinstance(row, dict):
+        return False
+    labels = row.get("labels") if "labels" in row else [row.get("label")]
+    return isinstance(labels, list) and bool(labels) and all(label in LABELS for label in labels)
+
+
+def load_guard_data(path: str | Path, policy: RequestsConfig) -> list[GuardRequest]:
+    def label_of(value) -> bool:
+        if value not in LABELS:
+            raise BadRecord(f"label must be block or allow, got {value!r}")
+        return value == "block"
+
+    def parse(row: dict) -> list[tuple[dict, bool, str]]:
+        """(the request's body, blocked, the user's own text) per request of a record."""
+        if "text" in row:
+            return [({"messages": [{"role": "user", "content": str(row["text"])}]}, label_of(row["label"]),
+                     str(row["text"]))]
+        messages = row["messages"]
+        if "labels" not in row:
+            return [({"messages": messages}, label_of(row["label"]), str(messages[-1]["content"]))]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if len(row["labels"]) != len(users):
+            raise BadRecord(f"{len(row['labels'])} labels for {len(users)} user messages")
+        return [({"messages": messages[: i + 1]}, label_of(label), str(messages[i]["content"]))
+                for i, label in zip(users, row["labels"])]
+
+    def category(row: dict) -> str:
+        return str(row.get("category", "-"))
+
+    records = read_records(path, lambda row: (category(row), parse(row)),
+                           '{"text", "label": "block"|"allow"} or {"messages", "label"/"labels"}', "guard examples")
+    out = [GuardRequest(guard_pieces(body, PATH, policy), blocked, kind, group, text)
+           for group, (kind, requests) in enumerate(records) for body, blocked, text in requests]
+    return [r for r in out if r.pieces]
+
+
+def request_scores(scorer: GuardScorer, requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray([scorer.score(np.stack([vectors[p] for p in r.pieces])) for r in requests])
+
+
+def guard_report(requests: Sequence[GuardRequest], scores: np.ndarray, threshold: float) -> dict:
+    """Recall on blocked requests and false-positive rate on allowed ones, overall and per category."""
+    flagged = scores >= threshold
+    blocked = np.asarray([r.blocked for r in requests])
+    categories = np.asarray([r.category for r in requests])
+
+    def share(mask: np.ndarray) -> float | None:
+        return round(float(flagged[mask].mean()), 4) if mask.any() else None
+
+    per_category = {}
+    for category in sorted(set(categories)):
+        mask = categories == category
+        per_category[category] = {"requests": int(mask.sum()), "blocked_label": bool(blocked[mask].all()),
+                                  "flagged": share(mask)}
+    return {"threshold": round(float(threshold), 4), "requests": len(requests), "recall": share(blocked),
+            "false_positive_rate": share(~blocked), "blocked_requests": int(blocked.sum()),
+            "allowed_requests": int((~blocked).sum()), "per_category": per_category}
+
+
+def threshold_for(allowed_scores: np.ndarray, target_fpr: float) -> float:
+    """The lowest threshold at which at most `target_fpr` of the allowed requests score at or above it."""
+    ranked = np.sort(allowed_scores)[::-1]
+    k = int(np.floor(target_fpr * len(ranked)))  # this many may be flagged
+    if k >= len(ranked):
+        return float(ranked[-1])
+    return float(np.nextafter(np.float32(ranked[k]), np.float32(np.inf)))
+
+
+def split_groups(requests: Sequence[GuardRequest], holdout: float, seed: int) -> tuple[list[int], list[int]]:
+    """Request indices of a train / held-out split by record, stratified by label and category."""
+    by_stratum: dict[tuple, dict[int, None]] = defaultdict(dict)  # groups in order of first sight, once
+    for r in requests:
+        by_stratum[(r.blocked, r.category)][r.group] = None
+    rng = np.random.default_rng(seed)
+    held: set[int] = set()
+    for key in sorted(by_stratum, key=str):
+        groups = list(by_stratum[key])
+        rng.shuffle(groups)
+        held.update(groups[: int(round(len(groups) * holdout))])
+    train = [i for i, r in enumerate(requests) if r.group not in held]
+    test = [i for i, r in enumerate(requests) if r.group in held]
+    return train, test
+
+
+def train_guard_head(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], seed: int = 0) -> GuardHead:
+    """A logistic head: blocked requests' own texts against every piece of the allowed ones (what it
+    will score when serving), the two sides weighted alike."""
+    from router.head import train_head
+
+    positives = sorted({r.text for r in requests if r.blocked})
+    negatives = sorted({p for r in requests if not r.blocked for p in r.pieces} - set(positives))
+    x = np.stack([vectors[t] for t in positives + negatives])
+    head = train_head(x, ["block"] * len(positives) + ["allow"] * len(negatives), ["allow", "block"], seed=seed)
+    weights = head.weight[1] - head.weight[0]
+    return GuardHead(tuple(round(float(w), 6) for w in weights), round(float(head.bias[1] - head.bias[0]), 6))
+
+
+@dataclass
+class GuardFit:
+    head: GuardHead | None
+    threshold: float
+    held_out: dict
+    notes: list[str]
+
+
+def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], exemplars: GuardScorer | None,
+              with_head: bool, target_fpr: float, holdout: float = 0.2, seed: int = 0) -> GuardFit:
+    """A head (with_head) trained on a split of the records, or the config's exemplars (their scorer);
+    the threshold for `target_fpr` false positives per allowed request on the held-out records, and
+    what it catches there."""
+    train, test = split_groups(requests, holdout, seed)
+    head = train_guard_head([requests[i] for i in train], vectors, seed) if with_head else None
+    scorer = GuardScorer(head=head) if head is not None else exemplars
+    held = [requests[i] for i in test]
+    scores = request_scores(scorer, held, vectors)
+    allowed = scores[~np.asarray([r.blocked for r in held])]
+    threshold = threshold_for(allowed, target_fpr) if allowed.size else 0.5
+    report = guard_report(held, scores, threshold)
+    notes = [f"guard {'head trained on ' + str(len(train)) + ' requests' if with_head else 'exemplars'}; "
+             f"threshold {report['threshold']} for {target_fpr:.1%} false positives on {len(held)} held-out requests: "
+             f"recall {report['recall']}, false-positive rate {report['false_positive_rate']}"]
+    return GuardFit(head, threshold, report, notes)
+
+
+def format_guard_report(report: dict) -> str:
+    lines = [f"threshold {report['threshold']}: recall {report['recall']} of {report['blocked_requests']} blocked "
+             f"requests, false-positive rate {report['false_positive_rate']} of {report['allowed_requests']} allowed "
+             "(per request)", f"{'category':<32}{'requests':>10}{'label':>8}{'flagged':>10}"]
+    for name, c in report["per_category"].items():
+        lines.append(f"{name:<32}{c['requests']:>10}{'block' if c['blocked_label'] else 'allow':>8}"
+                     f"{c['flagged'] if c['flagged'] is not None else '-':>10}")
+    return "\n".join(lines)
