@@ -58,9 +58,13 @@ $(IMAGE_VENV): requirements-runtime.lock $(MODELS)
 
 image-venv: $(IMAGE_VENV)
 
-# Lint (ruff: pyflakes and pycodestyle errors, pyproject.toml) over everything the project ships or runs.
+# Lint (ruff: pyflakes and pycodestyle errors) over everything the project ships or runs, and a type
+# check (mypy) of the product's rooms, where the Backend / Embedder / Observer protocols are checked
+# against what implements them. Both configured in pyproject.toml.
+ROOMS := esr_app esr_config esr_extproc esr_model esr_modelsock esr_remote esr_settings esr_tuning batching filters router
 check: $(STAMP)
-	$(VENV)/bin/ruff check esr_app batching esr_extproc filters esr_model esr_modelsock esr_remote router esr_tuning devstack bench tests examples
+	$(VENV)/bin/ruff check $(ROOMS) devstack bench tests examples
+	$(VENV)/bin/mypy $(ROOMS)
 
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Sized
+from typing import Protocol, Sequence, Sized, TypeVar
 
 import numpy as np
 
 
-class Backend(Protocol):
+# A backend's input per text: token ids for a local model, what a remote engine is sent.
+Inputs = TypeVar("Inputs", bound=Sized)
+
+
+class Backend(Protocol[Inputs]):
     """A model the batcher drives. Only the batcher's model thread calls `embed`. A backend may also
     have `close()`, which the batcher calls once its lanes have stopped (a remote engine's breaker
     stops probing)."""
 
-    def tokenize(self, texts: Sequence[str]) -> list[Sized]:
+    def tokenize(self, texts: Sequence[str]) -> list[Inputs]:
         """The model's input per text: token ids already truncated to what a local model accepts,
         or whatever a remote engine is sent. len() of each is its token count (exact or estimated),
         the unit of the batcher's budgets and cost model."""
         ...
 
-    def embed(self, inputs: Sequence[Sized], deadline: float | None = None) -> np.ndarray:
+    def embed(self, inputs: Sequence[Inputs], deadline: float | None = None) -> np.ndarray:
         """One float32 row per input, in input order. Pads internally. `deadline` (monotonic) is
         the latest of the batch's deadlines: work that can stop early (a remote call) stops by then.
         Raising a BatcherError says the batch failed for a reason that is not its inputs' (an

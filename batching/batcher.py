@@ -21,7 +21,7 @@ import math
 import queue as stdqueue
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence, Sized
 
 import numpy as np
 
@@ -39,7 +39,11 @@ _TOKENIZE_CHUNK = 512
 
 
 class ContinuousBatcher:
-    def __init__(self, backend: Backend, settings: BatcherSettings = BatcherSettings(),
+    # Set by start(): embed() needs a started batcher.
+    _loop: asyncio.AbstractEventLoop
+    _warm: asyncio.Future
+
+    def __init__(self, backend: Backend[Any], settings: BatcherSettings = BatcherSettings(),
                  observer: BatchObserver | None = None, lanes: int = 1):
         if lanes < 1:
             raise ValueError("lanes must be at least 1")
@@ -50,8 +54,6 @@ class ContinuousBatcher:
         self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.sort_window)
         self._inbox: stdqueue.SimpleQueue[list[WorkItem] | None] = stdqueue.SimpleQueue()
         self._arrivals: list[WorkItem] = []  # this loop iteration's submissions, handed over together
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._warm: asyncio.Future | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
         self._warmed = threading.Event()  # lane 0 has warmed the backend up (or failed to)
@@ -195,8 +197,9 @@ class ContinuousBatcher:
             self.observer.on_dropped("cancelled", len(items) - len(live))
         if not live:
             return
+        ids: list[Sized | Exception]
         try:
-            ids = self.backend.tokenize([i.text for i in live])
+            ids = list(self.backend.tokenize([i.text for i in live]))
         except Exception as exc:  # one bad text must not fail its neighbours
             log.warning("batch tokenization failed, retrying singly: %s", type(exc).__name__)
             ids = []

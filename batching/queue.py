@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sized
 
 from batching.cost_model import BatchCostModel
 
@@ -20,7 +20,7 @@ class WorkItem:
     enqueued_at: float  # on the queue's clock (BatchQueue.new_item)
     # What the backend's tokenize made of the text (token ids for a local model); its len() is
     # the token count that batch budgets and the cost model are kept in.
-    inputs: Sequence = ()
+    inputs: Sized = ()
     # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
     # costs one wasted embedding, so no lock.
     cancelled: bool = False

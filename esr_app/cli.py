@@ -138,7 +138,7 @@ def _model_health(path: str, timeout: float) -> int:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(path)
-            reader, frames = wire.FrameReader(), []
+            reader, frames = wire.FrameReader(), list[tuple[int, bytes]]()
             while not frames:
                 data = s.recv(65536)
                 if not data:

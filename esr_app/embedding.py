@@ -7,16 +7,24 @@ import asyncio
 import dataclasses
 import importlib.util
 import os
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
 
 from batching import Backend, BatcherSettings, ContinuousBatcher
 from esr_config import RouterConfig
 from esr_app.metrics import PrometheusBatchObserver
 
+class Encoder(Backend[Any], Protocol):
+    """A backend that also embeds texts directly, outside a batcher (offline: eval, fit, classify)."""
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
 BackendFactory = Callable[[RouterConfig], Backend]
 
 
-def make_backend(config: RouterConfig) -> Backend:
+def make_backend(config: RouterConfig) -> Encoder:
     if config.encoder.remote is not None:
         from esr_remote.backend import RemoteBackend
 

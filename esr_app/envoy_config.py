@@ -217,7 +217,7 @@ def render(config: RouterConfig) -> dict[str, Any]:
         },
     }
     router_cluster = _cluster(ROUTER_CLUSTER, e.router_address, config.server.grpc_port, "0.25s")
-    protocol = {
+    protocol: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "explicit_http_config": {"http2_protocol_options": {}},
     }

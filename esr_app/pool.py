@@ -14,6 +14,8 @@ import dataclasses
 import glob
 import logging
 import multiprocessing as mp
+from multiprocessing.process import BaseProcess
+from typing import Callable
 import os
 import queue
 import shutil
@@ -47,7 +49,7 @@ def resolve_workers(config: RouterConfig) -> int:
 @dataclasses.dataclass
 class _Child:
     name: str  # "model" or "worker-N"
-    process: mp.Process | None = None
+    process: BaseProcess | None = None
     started_at: float = 0.0
     restarts: int = 0
     backoff_s: float = 0.0
@@ -70,6 +72,12 @@ class WorkerPool:
         self.metrics_port = 0
 
     # -- set-up ----------------------------------------------------------------------------
+
+
+    @property
+    def children(self) -> tuple[_Child, ...]:
+        """The model process and the workers, as they stand (for /metrics)."""
+        return tuple(self._children.values())
 
     def _claim_port(self) -> int:
         """The concrete port the workers will share; refuses one that anyone else holds (the
@@ -107,17 +115,20 @@ class WorkerPool:
     # -- children --------------------------------------------------------------------------
 
     def _start(self, child: _Child, worker_config: RouterConfig) -> None:
+        target: Callable[..., None]
+        args: tuple
         if child.name == MODEL:
             target, args = _model_main, (self.config, worker_config.encoder.socket, self.log_level, self._events)
         else:
             index = int(child.name.split("-")[1])
             target, args = _worker_main, (worker_config, self.config_path, index, self.log_level, self._events)
-        child.process = self._ctx.Process(target=target, args=args, name=f"semantic-router-{child.name}")
-        child.process.start()
+        child.process = process = self._ctx.Process(target=target, args=args, name=f"semantic-router-{child.name}")
+        process.start()
         child.started_at, child.ready = time.monotonic(), False
 
     def _reap(self, child: _Child) -> None:
         proc = child.process
+        assert proc is not None and proc.pid is not None  # reaped once, after it ran
         multiprocess.mark_process_dead(proc.pid)  # its live gauges leave /metrics
         child.process = None
         lived = time.monotonic() - child.started_at
@@ -186,8 +197,9 @@ class WorkerPool:
 
     def _signal_workers(self, sig: int) -> None:
         for child in self._children.values():
-            if child.name != MODEL and child.process is not None and child.process.exitcode is None:
-                os.kill(child.process.pid, sig)
+            proc = child.process
+            if child.name != MODEL and proc is not None and proc.pid is not None and proc.exitcode is None:
+                os.kill(proc.pid, sig)
 
     def _shutdown(self) -> None:
         """Workers drain first (their in-flight requests still need the model), then the model."""
@@ -255,13 +267,14 @@ class _PoolCollector:
                                   "answering on its socket), until it dies.", labels=["process"])
         pids = GaugeMetricFamily("semantic_router_pool_process_pid", "Each running pool process's pid.",
                                  labels=["process"])
-        for child in list(self._pool._children.values()):
-            alive = child.process is not None and child.process.exitcode is None
+        for child in self._pool.children:
+            proc = child.process
+            alive = proc is not None and proc.exitcode is None
             up.add_metric([child.name], 1.0 if alive else 0.0)
             ready.add_metric([child.name], 1.0 if alive and child.ready else 0.0)
             restarts.add_metric([child.name], child.restarts)
-            if alive:
-                pids.add_metric([child.name], child.process.pid)
+            if proc is not None and alive and proc.pid is not None:
+                pids.add_metric([child.name], proc.pid)
         yield up
         yield ready
         yield restarts

@@ -40,7 +40,7 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
                            utterances=lookup)
-    return Serving(engine, await FilterChain.for_engine(engine), service_settings(config))
+    return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings), service_settings(config))
 
 
 def service_settings(config: RouterConfig) -> ServiceSettings:

@@ -17,6 +17,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
+from wsgiref.simple_server import WSGIServer
 
 from esr_app import process_watch
 from esr_app.lifecycle import serve_until_signal
@@ -66,7 +67,7 @@ class RouterServer:
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.metrics_port = 0
-        self._metrics_http = None
+        self._metrics_http: WSGIServer | None = None
         self._version: str | None = None  # of the config serving now, exported per process
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
@@ -87,13 +88,13 @@ class RouterServer:
     async def start(self) -> None:
         cfg = self.config.server
         if self.pool_worker is None:
-            self._metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
-            self.metrics_port = self._metrics_http.server_port
+            metrics_http, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
+            self._metrics_http, self.metrics_port = metrics_http, metrics_http.server_port
         # SO_REUSEPORT (gRPC's default) would let a second router bind the same port silently and
         # take a share of Envoy's connections: only a pool's own workers share it (the pool has
         # checked that the port was free).
-        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                                             ("grpc.so_reuseport", int(self.pool_worker is not None))])
+        self.grpc = server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                                                      ("grpc.so_reuseport", int(self.pool_worker is not None))])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
         FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
@@ -103,7 +104,7 @@ class RouterServer:
         # A pool's worker listens only once it can route: while it starts, its siblings take the
         # connections the kernel would otherwise hand it.
         if self.pool_worker is None:
-            await self._listen()
+            await self._listen(server)
         self.embedder = await self._start_embedder()
         # torch, transformers and the model leave ~440k long-lived objects: every full collection
         # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
@@ -114,7 +115,7 @@ class RouterServer:
         self._activate(self.config, await build_serving(self.config, self.embedder, None))
         await self._set_health(self._serving_status())
         if self.pool_worker is not None:
-            await self._listen()
+            await self._listen(server)
         if self.reloader is not None and self.config.server.watch_config_s > 0:
             self._spawn(self.reloader.watch(self.config.server.watch_config_s))
         self._spawn(process_watch.update_process_gauges(self.process))
@@ -126,16 +127,16 @@ class RouterServer:
                    "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]},
         )
 
-    async def _listen(self) -> None:
+    async def _listen(self, server: grpc.aio.Server) -> None:
         cfg = self.config.server
         try:
-            self.grpc_port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+            self.grpc_port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
         except RuntimeError as exc:
             if self._metrics_http is not None:
                 self._metrics_http.shutdown()
             raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
                             "(another router running?)") from exc
-        await self.grpc.start()
+        await server.start()
 
     async def _start_embedder(self) -> Embedder:
         """A client of the model process at encoder.socket, or the model (or remote engine) and its
@@ -182,6 +183,7 @@ class RouterServer:
         if swap_model:
             await self._swap_model(new)
         else:
+            assert self.embedder is not None  # reloads run once start() has made it
             self._activate(new, await build_serving(new, self.embedder, self.ext_proc.engine))
 
     async def _swap_model(self, new: RouterConfig) -> None:
@@ -195,6 +197,7 @@ class RouterServer:
             await embedder.aclose(0)
             raise
         old = self.embedder
+        assert old is not None  # reloads run once start() has made it
         self.embedder, self.backend = embedder, embedder.backend
         self._activate(new, serving)
         log.info("encoder swapped", extra={"model": new.encoder.model, "device": getattr(self.backend, "device", "n/a")})

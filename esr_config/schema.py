@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching import BatcherSettings
-from esr_extproc.config import BackendConfig, EnvoyConfig, RequestsConfig, ServerConfig
+from esr_extproc.config import BackendConfig, EnvoyConfig, ServerConfig
 from esr_model.config import ModelConfig
 from esr_remote.config import RemoteEncoderConfig
 from esr_settings import require
@@ -33,7 +33,6 @@ class RouterConfig(RoutingConfig):
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     batching: BatcherSettings = field(default_factory=BatcherSettings)
     server: ServerConfig = field(default_factory=ServerConfig)
-    requests: RequestsConfig = field(default_factory=RequestsConfig)
     filters: tuple[str, ...] = ("model_policy", "semantic_route")  # request filter chain, in order
     filter_settings: dict = field(default_factory=dict)  # filter name -> its own settings
     backends: tuple[BackendConfig, ...] = ()
@@ -42,12 +41,6 @@ class RouterConfig(RoutingConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.conversation.policy == "track":
-            # track reads turns one by one; joining them is what last_turns does.
-            require(self.requests.prompt_turns == 1, "requests.prompt_turns",
-                    "joins turns for conversation.policy last_turns; with track leave it at 1")
-            require(not self.requests.include_system, "requests.include_system",
-                    "applies to conversation.policy last_turns; track routes on the user's turns")
         seen_models = set()
         for i, b in enumerate(self.backends):
             require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

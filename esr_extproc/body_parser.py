@@ -25,7 +25,7 @@ from typing import Any, Callable
 from esr_extproc.encodings import inflate
 from esr_extproc.request_body import (OutOfTime, ParsedBody, from_summary, parse_body, scan_unread, structure,
                                   summarize)
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 
 log = logging.getLogger(__name__)
 

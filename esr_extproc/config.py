@@ -1,49 +1,12 @@
-"""The ext_proc server's sections: how request bodies are read (`requests`), the gRPC server
-(`server`), and the Envoy in front of it (`envoy`, `backends`) that `envoy-config` renders."""
+"""The ext_proc server's sections: the gRPC server (`server`) and the Envoy in front of it
+(`envoy`, `backends`) that `envoy-config` renders."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
 from esr_settings import header_safe, require
-
-_TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
-
-# What agent harnesses put into the user's turn besides the user's words: Claude Code's reminders,
-# hook output and slash-command echoes; Cline's and Roo's environment details; IDE context.
-HARNESS_TAGS = (
-    "system-reminder", "user-prompt-submit-hook", "command-name", "command-message", "command-args",
-    "local-command-stdout", "local-command-stderr", "environment_details", "ide_selection",
-    "ide_opened_file", "ide_diagnostics",
-)
-
-
-@dataclass(frozen=True)
-class RequestsConfig:
-    model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
-    unknown_model: Literal["route", "reject"] = "route"
-    max_body_bytes: int = 4 * 1024 * 1024
-    prompt_turns: int = 1  # conversation.policy last_turns: route on the last N user turns, joined
-    include_system: bool = False  # last_turns: prepend the system prompt to what is routed on
-    # The encoder's window as routing assumes it (the bundled model's: 256 tokens): a routed text
-    # estimated longer is counted as truncated; it is first cut to twice this estimate in characters
-    # (what any encoder reads, with room for text of short tokens), then by the encoder to its window.
-    prompt_max_tokens: int = 256
-    # What a longer text keeps, in both cuts: its start (head), its end (tail), or half of each
-    # (ends): README "Long prompts" measures them.
-    truncate: Literal["head", "tail", "ends"] = "ends"
-    # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
-    harness_tags: tuple[str, ...] = HARNESS_TAGS
-
-    def __post_init__(self):
-        for i, tag in enumerate(self.harness_tags):
-            require(bool(_TAG.match(tag)), f"harness_tags[{i}]", f"{tag!r} must match {_TAG.pattern}")
-        require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
-        require(self.prompt_turns >= 1, "prompt_turns", "must be at least 1")
-        require(self.prompt_max_tokens >= 8, "prompt_max_tokens", "must be at least 8")
-
 
 @dataclass(frozen=True)
 class ServerConfig:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 
 from filters.context import GUARD_MAX_PIECES
 from router.rules import RequestFacts
@@ -44,7 +44,7 @@ class BadBody(ValueError):
 
 @dataclass
 class ParsedBody:
-    data: MutableMapping[str, Any]  # a LazyObject: members decode when first read
+    data: LazyObject  # members decode when first read
     model: str | None
     turns: tuple[str, ...]  # what is routed on, oldest first; empty: no user text to route on
     model_span: tuple[int, int] | None = None  # bytes of the top-level `model` value in the raw body
@@ -125,7 +125,7 @@ def _value_end(text: str, i: int, deadline: float | None = None) -> int:
             steps += 1
             if deadline is not None and steps % _CHECK_EVERY == 0 and time.monotonic() > deadline:
                 raise OutOfTime()
-            i = _PLAIN.match(text, i).end()
+            i = _PLAIN.match(text, i).end()  # type: ignore[union-attr]
             if i >= n:
                 raise ValueError("unbalanced brackets")
             ch = text[i]
@@ -148,7 +148,7 @@ def _closes(text: str, i: int) -> bool:
     """Whether the top-level object ends at `i`; nothing but whitespace may follow it."""
     if text[i : i + 1] != "}":
         return False
-    if _SPACE.match(text, i + 1).end() != len(text):
+    if _SPACE.match(text, i + 1).end() != len(text):  # type: ignore[union-attr]
         raise ValueError("data after the object")
     return True
 
@@ -158,31 +158,31 @@ def _members(text: str, stop_at: str | None = None, deadline: float | None = Non
     without decoding the values; with `stop_at`, stops after that key; OutOfTime past `deadline`."""
     if deadline is not None and time.monotonic() > deadline:
         raise OutOfTime()  # it waited its turn past its request's deadline: nobody wants it now
-    i = _SPACE.match(text, 0).end()
+    i = _SPACE.match(text, 0).end()  # type: ignore[union-attr]
     if text[i : i + 1] != "{":
         other = json.loads(text)  # not JSON at all (ValueError), or JSON of another kind
         raise BadBody("not_object", f"body is a JSON {type(other).__name__}, not an object")
-    i = _SPACE.match(text, i + 1).end()
+    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
     if _closes(text, i):
         return
     while True:
         if text[i : i + 1] != '"':
             raise ValueError("expected a key")
         key, i = _DECODER.raw_decode(text, i)
-        i = _SPACE.match(text, i).end()
+        i = _SPACE.match(text, i).end()  # type: ignore[union-attr]
         if text[i : i + 1] != ":":
             raise ValueError("expected ':'")
-        start = _SPACE.match(text, i + 1).end()
+        start = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
         end = _value_end(text, start, deadline)
         yield key, start, end
         if key == stop_at:
             return
-        i = _SPACE.match(text, end).end()
+        i = _SPACE.match(text, end).end()  # type: ignore[union-attr]
         if _closes(text, i):
             return
         if text[i : i + 1] != ",":
             raise ValueError("expected ',' or '}'")
-        i = _SPACE.match(text, i + 1).end()
+        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
 
 
 def _top_level(text: str, deadline: float | None = None) -> dict[str, tuple[int, int] | None]:
@@ -280,7 +280,8 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         raise
     except (ValueError, RecursionError):
         raise BadBody("not_json", "body is not JSON") from None
-    model_span = _byte_span(text, *spans["model"]) if "model" in spans else None
+    span = spans.get("model")
+    model_span = _byte_span(text, *span) if span is not None else None
     return ParsedBody(data, model, turns, model_span, pieces, measured, truncated)
 
 
@@ -331,7 +332,8 @@ def scan_unread(raw: bytes, deadline: float | None = None) -> tuple[str | None, 
     try:
         text = _text(raw)
         spans = _top_level(text, deadline)
-        return _model_at(text, *spans["model"]) if "model" in spans else (None, None)
+        span = spans.get("model")
+        return _model_at(text, *span) if span is not None else (None, None)
     except _DuplicateKey as dup:
         raise _duplicate(dup) from None
     except BadBody as bad:
@@ -363,7 +365,8 @@ def with_members(raw: bytes, members: dict[str, tuple[tuple[int, int] | None, An
     """`raw` with each top-level member's value replaced where its byte span is given, the others
     added first; every other byte as the client sent it."""
     out, last = [], len(raw)
-    for span, value in sorted((m for m in members.values() if m[0] is not None), key=lambda m: -m[0][0]):
+    given = [(span, value) for span, value in members.values() if span is not None]
+    for span, value in sorted(given, key=lambda m: -m[0][0]):
         out.append(raw[span[1]:last])
         out.append(json.dumps(value).encode())
         last = span[0]
@@ -392,7 +395,7 @@ def request_facts(data: MutableMapping[str, Any], path: str) -> RequestFacts:
     """What `rules` read: the whole prompt's estimated tokens (every text the model reads, as the
     guard reads it), whether tools are offered, whether a message carries an image."""
     tokens = sum(estimate_tokens(t) for t in _model_texts(data, path))
-    tools = any(isinstance(data.get(k), list) and len(data.get(k)) > 0 for k in ("tools", "functions") if k in data)
+    tools = any(isinstance(offered := data.get(k), list) and len(offered) > 0 for k in ("tools", "functions"))
     items = data.get("input") if path.endswith("/responses") else data.get("messages")
     return RequestFacts(tokens, tools, _has_image(items))
 
@@ -409,7 +412,7 @@ def _has_image(items: Any) -> bool:
 
 
 def extract_turns(
-    data: dict[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
+    data: Mapping[str, Any], path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1
 ) -> tuple[tuple[str, ...], bool]:
     """The texts to route on, oldest first (see the module's docstring; () when the user wrote
     none), and whether one is estimated longer than the encoder's window (prompt_max_tokens)."""
@@ -417,7 +420,7 @@ def extract_turns(
     return routed(turns, system, policy, max_turns)
 
 
-def conversation_of(data: dict[str, Any], path: str, strip: tuple[str, ...] = ()) -> tuple[list[str], str | None]:
+def conversation_of(data: Mapping[str, Any], path: str, strip: tuple[str, ...] = ()) -> tuple[list[str], str | None]:
     """(the user's turns, oldest first; the system prompt or None) of a request body."""
     if path.endswith("/completions") and not path.endswith("/chat/completions"):
         return _legacy_prompt(data.get("prompt")), None
@@ -445,7 +448,8 @@ def routed(turns: list[str], system: str | None, policy: RequestsConfig = _DEFAU
         texts = turns[-max_turns:]
     else:
         turns = turns[-policy.prompt_turns :]
-        texts = [_joined(([system] if policy.include_system else []) + turns)] if turns else []
+        joined = _joined([system, *turns] if policy.include_system else turns)
+        texts = [joined] if joined else []
     cap = 2 * policy.prompt_max_tokens * CHARS_PER_TOKEN
     return (tuple(capped(t, cap, policy.truncate) for t in texts),
             any(estimate_tokens(t) > policy.prompt_max_tokens for t in texts))
@@ -463,7 +467,7 @@ def capped(text: str, cap: int, keep: str = "tail") -> str:
     return text[:half] + "\n" + text[len(text) - (cap - half - 1):]
 
 
-def _joined(texts: list[str | None]) -> str | None:
+def _joined(texts: Sequence[str | None]) -> str | None:
     return "\n".join(t for t in texts if t) or None
 
 

@@ -19,7 +19,7 @@ from esr_extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
 from filters.builtin import openai_error
 from filters.chain import FilterChain
 from filters.context import RequestContext
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 from esr_extproc.request_body import BadBody, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
@@ -59,7 +59,7 @@ class _Stream:
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding")
 
-    def __init__(self):
+    def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
         # time spent waiting for Envoy to buffer the body or for this loop to get to it counts.
         self.started = time.monotonic()

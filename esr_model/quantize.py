@@ -101,7 +101,8 @@ def quantize_per_token(source: str | Path, target: str | Path, ranges: dict[str,
 
     # Smoothing factors per input, from every weight that input feeds (Q, K and V share one).
     smoothing: dict[str, np.ndarray] = {}
-    for x in {n.input[0] for n in linear} & set(ranges or {}):
+    ranges = ranges or {}
+    for x in {n.input[0] for n in linear} & set(ranges):
         w_max = np.max([np.abs(numpy_helper.to_array(weights[n.input[1]])).max(axis=1)
                         for n in linear if n.input[0] == x], axis=0)
         smoothing[x] = (np.maximum(ranges[x], 1e-5) ** SMOOTHING_ALPHA

@@ -63,7 +63,7 @@ class ModelClient:
         self._pending: dict[int, asyncio.Future] = {}
         self._transport: asyncio.Transport | None = None
         self._out: wire.FrameWriter | None = None
-        self._up: asyncio.Event | None = None
+        self._up = asyncio.Event()  # set once the model process first answered
         self._runner: asyncio.Task | None = None
         self._closing = False
 
@@ -72,7 +72,6 @@ class ModelClient:
         return self._out is not None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._up = asyncio.Event()
         self._runner = (loop or asyncio.get_running_loop()).create_task(self._stay_connected())
 
     async def started(self) -> None:

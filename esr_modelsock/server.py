@@ -44,7 +44,7 @@ class _Connection(wire.FramedProtocol):
         self._connections = connections
         self._hello = hello
         self._tasks: dict[int, asyncio.Task] = {}
-        self._out: wire.FrameWriter | None = None
+        self._out: wire.FrameWriter  # from connection_made on
 
     @property
     def in_flight(self) -> int:

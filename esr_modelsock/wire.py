@@ -119,10 +119,10 @@ class FramedProtocol(asyncio.Protocol):
     that breaks the protocol is dropped."""
 
     peer = "peer"  # who is at the other end, for the log
+    transport: asyncio.Transport  # from connection_made on
 
     def __init__(self):
         self._reader = FrameReader()
-        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport

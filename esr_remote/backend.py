@@ -113,7 +113,7 @@ class RemoteBackend:
             self.warmup()
         step = batch_size or self.config.max_batch
         rows = [self.embed(self.tokenize(texts[i : i + step])) for i in range(0, len(texts), step)]
-        return np.concatenate(rows) if rows else np.zeros((0, self.dimension), np.float32)
+        return np.concatenate(rows) if rows else np.zeros((0, self.dimension or 0), np.float32)
 
     def _failed(self, outcome: str, why: str) -> RemoteError:
         metrics.REMOTE_CALLS.labels(outcome).inc()

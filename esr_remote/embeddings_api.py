@@ -43,7 +43,7 @@ class EmbeddingsAPI:
         self.model = model
         self.encoding = encoding  # "base64": a quarter of the bytes, no float parsing; "float" where refused
         self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port
+        self._host, self._port = parts.hostname or "", parts.port  # the config requires a host
         self._path = parts.path.rstrip("/") + "/embeddings"
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:

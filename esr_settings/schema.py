@@ -68,7 +68,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
         return tuple(_convert(item_tp, v, _join(key, i)) for i, v in enumerate(value))
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, key)
     if origin is dict or tp is dict:
         # Free-form section (e.g. a plugin's settings): the owner validates it later.

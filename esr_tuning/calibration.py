@@ -76,7 +76,7 @@ def calibrate(examples: Examples, default_share: float | None = None) -> Calibra
     return CalibrationConfig(**maps, fallback=round(prior, 6), examples=int(len(kinds)))
 
 
-def reliability(confidence: Sequence[float], right: Sequence[bool], bins: int = 15,
+def reliability(confidence: Sequence[float] | np.ndarray, right: Sequence[bool] | np.ndarray, bins: int = 15,
                 weight: np.ndarray | None = None) -> dict:
     """Expected calibration error (equal-width bins, weighted by their share of the examples, or of
     `weight`), AUROC of the confidence for right vs wrong decisions, and the bins themselves (the

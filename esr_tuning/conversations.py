@@ -178,6 +178,8 @@ def tune_gate(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequ
         m = conversation_metrics(table, _choices(config, classifier, turn_scores, gate))
         if best is None or gate_objective(m) > gate_objective(best[1]):
             best = (gate, m)
+    if best is None:
+        raise ValueError("no gates to choose from")
     return best
 
 

@@ -33,7 +33,8 @@ def finetune(model_path: str, device: str, texts: Sequence[str], classes: Sequen
     """Trains from `model_path` on `texts` labelled with `classes` (fine labels are better: intents
     rather than routes) and saves to `out_dir`. Returns what it did, for the CLI to print."""
     import torch
-    from sentence_transformers import SentenceTransformer, losses
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import losses
 
     by_class: dict[str, list[str]] = {}
     for text, label in zip(texts, classes):

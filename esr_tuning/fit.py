@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from esr_tuning.calibration import Examples, calibrate, labelled_examples, relia
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE, shifted_accuracy
 
 TOP_K_CANDIDATES = (1, 3, 5, 10)
-HEAD_SCORES = ("probability", "energy")
+HEAD_SCORES: tuple[Literal["probability", "energy"], ...] = ("probability", "energy")
 
 
 @dataclass
@@ -103,7 +104,8 @@ def tune_thresholds(
 def _split(labels: list[str], holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Stratified train / tune index split."""
     rng = np.random.default_rng(seed)
-    train, tune = [], []
+    train: list[np.ndarray] = []
+    tune: list[np.ndarray] = []
     for label in sorted(set(labels)):
         idx = np.flatnonzero(np.asarray(labels) == label)
         rng.shuffle(idx)
@@ -126,7 +128,7 @@ def fit(
     intents: list[str] | None = None,
     min_default_recall: float = 0.0,
     per_route: bool = True,
-    head_score: str | None = None,
+    head_score: Literal["probability", "energy"] | None = None,
     calibration_share: float | None = SHIFTED_DEFAULT_SHARE,
 ) -> FitResult:
     """head_score: the head's score (ClassifierConfig.head_score); None chooses it on the held-out examples."""
@@ -214,6 +216,8 @@ def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, em
             notes.append(f"{describe(config)}: {scored} {value:.4f} with tuned thresholds")
         if best is None or value > best[0]:
             best = (value, config, thresholds)
+    if best is None:
+        raise ValueError("no candidate configs to choose from")
     return best[1], best[2]
 
 
@@ -234,12 +238,3 @@ def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str],
     head = train_head(embeddings[train_idx], [fine[i] for i in train_idx], classes,
                       routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed)
     return head, train_idx, tune_idx
-
-
-def classifier_section(cc: ClassifierConfig, head_path: str | None) -> dict:
-    out = {"method": cc.method}
-    if cc.method == "similarity":
-        out.update(top_k=cc.top_k, aggregation=cc.aggregation)
-    else:
-        out.update(head_path=head_path, head_epochs=cc.head_epochs, head_score=cc.head_score)
-    return out

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_extproc.request_body import guard_pieces
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 from router.guard import GuardHead, GuardScorer
 from esr_tuning.jsonl import BadRecord, first_record, read_records
 
@@ -153,6 +153,8 @@ def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], 
     train, test = split_groups(requests, holdout, seed)
     head = train_guard_head([requests[i] for i in train], vectors, seed) if with_head else None
     scorer = GuardScorer(head=head) if head is not None else exemplars
+    if scorer is None:
+        raise ValueError("the guard needs exemplars or a head to score with")
     held = [requests[i] for i in test]
     scores = request_scores(scorer, held, vectors)
     allowed = scores[~np.asarray([r.blocked for r in held])]

@@ -9,6 +9,7 @@ route (`ctx.decision`), or stop the chain with `ctx.immediate`. An optional
 
 from __future__ import annotations
 
+import functools
 import logging
 from importlib.metadata import entry_points
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -27,12 +28,16 @@ Factory = Callable[[dict], Filter]
 BUILTIN: dict[str, Factory] = {f.name: f for f in (ModelPolicy, SemanticRoute, BodySizeLimit, PromptGuard)}
 
 
+def _itself(factory: Factory) -> Factory:
+    return factory
+
+
 def available_filters() -> dict[str, Callable[[], Factory]]:
     """Filter name -> a loader giving its factory.
 
     Plugins are imported only when a config names them, so a broken unused plugin costs nothing.
     """
-    found: dict[str, Callable[[], Factory]] = {n: (lambda f=f: f) for n, f in BUILTIN.items()}
+    found: dict[str, Callable[[], Factory]] = {n: functools.partial(_itself, f) for n, f in BUILTIN.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(ep.name, ep.load)
     return found
@@ -57,9 +62,9 @@ class FilterChain:
         return cls([found[n]()(settings.get(n) or {}) for n in names])
 
     @classmethod
-    async def for_engine(cls, engine: RoutingEngine) -> "FilterChain":
-        """The chain `engine`'s config names, set up against that engine, ready to serve beside it."""
-        chain = cls.from_config(engine.config.filters, engine.config.filter_settings)
+    async def for_engine(cls, engine: RoutingEngine, names: Sequence[str], settings: Mapping[str, Any]) -> "FilterChain":
+        """The chain of `names` (with their `settings`), set up against `engine`, ready to serve beside it."""
+        chain = cls.from_config(names, settings)
         await chain.setup(engine)
         return chain
 

@@ -1,5 +1,6 @@
 """The routing sections of the config: routes, the default route, rules, the classifier, the
-conversation policy, calibration, and the checks that tie them together (`RoutingConfig`). The
+conversation policy, how a request is read into what is routed on (`requests`), calibration, and
+the checks that tie them together (`RoutingConfig`). The
 whole file composes these with the other rooms' sections (esr_config)."""
 
 from __future__ import annotations
@@ -7,14 +8,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from esr_settings import header_safe, require
 from router.calibration import CalibrationConfig
 
-__all__ = ["ClassifierConfig", "ConversationConfig", "DefaultRouteConfig", "RouteConfig", "RoutingConfig",
-           "RuleCondition", "RuleConfig"]
+_TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
+
+__all__ = ["ClassifierConfig", "ConversationConfig", "DefaultRouteConfig", "RequestsConfig", "RouteConfig",
+           "RoutingConfig", "RuleCondition", "RuleConfig"]
 
 
 # Members of a request body set_body may not write: the router's own (`model`) and what carries
@@ -170,6 +174,40 @@ class ConversationConfig:
         return self.max_turns if self.policy == "track" else 1
 
 
+# What agent harnesses put into the user's turn besides the user's words: Claude Code's reminders,
+# hook output and slash-command echoes; Cline's and Roo's environment details; IDE context.
+HARNESS_TAGS = (
+    "system-reminder", "user-prompt-submit-hook", "command-name", "command-message", "command-args",
+    "local-command-stdout", "local-command-stderr", "environment_details", "ide_selection",
+    "ide_opened_file", "ide_diagnostics",
+)
+
+
+@dataclass(frozen=True)
+class RequestsConfig:
+    model_aliases: tuple[str, ...] = ("auto",)  # models that mean "route me"
+    unknown_model: Literal["route", "reject"] = "route"
+    max_body_bytes: int = 4 * 1024 * 1024
+    prompt_turns: int = 1  # conversation.policy last_turns: route on the last N user turns, joined
+    include_system: bool = False  # last_turns: prepend the system prompt to what is routed on
+    # The encoder's window as routing assumes it (the bundled model's: 256 tokens): a routed text
+    # estimated longer is counted as truncated; it is first cut to twice this estimate in characters
+    # (what any encoder reads, with room for text of short tokens), then by the encoder to its window.
+    prompt_max_tokens: int = 256
+    # What a longer text keeps, in both cuts: its start (head), its end (tail), or half of each
+    # (ends): README "Long prompts" measures them.
+    truncate: Literal["head", "tail", "ends"] = "ends"
+    # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
+    harness_tags: tuple[str, ...] = HARNESS_TAGS
+
+    def __post_init__(self):
+        for i, tag in enumerate(self.harness_tags):
+            require(bool(_TAG.match(tag)), f"harness_tags[{i}]", f"{tag!r} must match {_TAG.pattern}")
+        require(self.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+        require(self.prompt_turns >= 1, "prompt_turns", "must be at least 1")
+        require(self.prompt_max_tokens >= 8, "prompt_max_tokens", "must be at least 8")
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     """What decides a route: the routing sections of the file, checked together."""
@@ -186,6 +224,7 @@ class RoutingConfig:
     # Routes below this confidence go to the default route (reason low_confidence); None: never.
     min_confidence: float | None = None
     cache_size: int = 8192  # embeddings of recent texts (user turns, prompts), LRU; 0 turns the cache off
+    requests: RequestsConfig = field(default_factory=RequestsConfig)  # how a request is read into what is routed on
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
@@ -212,6 +251,12 @@ class RoutingConfig:
         gate = self.conversation.gate
         require(gate is None or in_range(gate), "conversation.gate", why)
         require(self.cache_size >= 0, "cache_size", "must not be negative")
+        if self.conversation.policy == "track":
+            # track reads turns one by one; joining them is what last_turns does.
+            require(self.requests.prompt_turns == 1, "requests.prompt_turns",
+                    "joins turns for conversation.policy last_turns; with track leave it at 1")
+            require(not self.requests.include_system, "requests.include_system",
+                    "applies to conversation.policy last_turns; track routes on the user's turns")
 
     @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:

@@ -31,7 +31,7 @@ class GuardScorer:
         if head is None and exemplars is None:
             raise ValueError("the guard needs exemplars or a head")
         self._head = (np.asarray(head.weights, dtype=np.float32), np.float32(head.bias)) if head else None
-        self._exemplars = exemplars
+        self._exemplars = exemplars if exemplars is not None else np.zeros((0, 0), np.float32)
 
     @property
     def dimension(self) -> int:

@@ -114,7 +114,7 @@ def test_capped_keeps_the_part_it_is_told_to():
     assert both.startswith("START") and both.endswith("END") and len(both) == 20
     parsed = parse_body(json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), CHAT)
     assert not parsed.truncated
-    from esr_extproc.config import RequestsConfig
+    from router.config import RequestsConfig
     assert parse_body(json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), CHAT,
                       RequestsConfig(prompt_max_tokens=8)).truncated
 

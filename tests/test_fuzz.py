@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esr_extproc.request_body import BadBody, parse_body, peek_model, with_model
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 from tests.test_service import Harness
 
 json_values = st.recursive(

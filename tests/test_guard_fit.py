@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 from router.guard import GuardHead, GuardScorer
 from esr_tuning.guard import guard_report, is_guard_data, load_guard_data, split_groups, threshold_for
 

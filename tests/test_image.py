@@ -45,6 +45,11 @@ def context(tmp: Path) -> Path:
 def test_the_image_ships_every_package_and_leaves_dev_tools_out():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert set(packages) <= set(allowed()), set(packages) - set(allowed())
+    # Every room the product imports is shipped; in a user's site-packages only the design card's
+    # three rooms have plain names, the rest carry the distribution's prefix (no bare `app`, `model`).
+    rooms = {d.name for d in ROOT.iterdir() if (d / "__init__.py").exists()} - {"devstack", "tests", "bench", "examples"}
+    assert rooms == set(packages), rooms ^ set(packages)
+    assert all(p in ("router", "filters", "batching") or p.startswith("esr_") for p in packages), packages
     for left_out in ("devstack", "tests", "bench", "examples", ".venv", "build"):
         assert not any(fnmatch.fnmatch(left_out, a) for a in allowed()), left_out
     dockerfile = (ROOT / "deploy/docker/Dockerfile").read_text()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from esr_extproc.config import HARNESS_TAGS
+from router.config import HARNESS_TAGS
 from esr_tuning.conversations import is_conversation_data, load_dialogues
 from esr_tuning.evaluation import load_labelled
 

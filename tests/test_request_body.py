@@ -7,7 +7,7 @@ import json
 import pytest
 
 from esr_extproc.request_body import BadBody, parse_body
-from esr_extproc.config import RequestsConfig
+from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
 
@@ -87,7 +87,7 @@ def test_other_api_shapes():
 
 
 def test_prompt_policy_turns_system_and_cap():
-    from esr_extproc.config import RequestsConfig
+    from router.config import RequestsConfig
 
     convo = {"model": "auto", "messages": [
         {"role": "system", "content": "You are a maths tutor."},
@@ -104,7 +104,7 @@ def test_prompt_policy_turns_system_and_cap():
 
 
 def test_anthropic_system_and_responses_instructions():
-    from esr_extproc.config import RequestsConfig
+    from router.config import RequestsConfig
 
     policy = RequestsConfig(include_system=True)
     anthropic = {"model": "auto", "system": [{"type": "text", "text": "be terse"}],

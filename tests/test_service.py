@@ -72,7 +72,7 @@ class Harness:
         pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
         engine = RoutingEngine(self.config, self.batcher, classifier)
         # what RouterServer does with each engine
-        self.service.serve(Serving(engine, await FilterChain.for_engine(engine), service_settings(self.config)))
+        self.service.serve(Serving(engine, await FilterChain.for_engine(engine, self.config.filters, self.config.filter_settings), service_settings(self.config)))
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
