@@ -136,8 +136,29 @@ def render(config: RouterConfig) -> dict[str, Any]:
     missing = sorted(config.backend_models - {b.model for b in backends})
     if missing:
         raise ValueError(f"backends: no backend for model {missing[0]!r}")
+    gateway = {
+        "name": "llm_gateway",
+        "address": _address(e.listen_address, e.listen_port),
+        # Buffered ext_proc holds the whole request body: above this Envoy answers 413.
+        "per_connection_buffer_limit_bytes": e.max_request_bytes,
+        "filter_chains": [{"filters": [_connection_manager(config, backends)]}],
+    }
+    listeners = [gateway]
+    clusters = [_router_cluster(config)] + [_backend_cluster(b, e.ca_bundle) for b in backends]
+    if e.stats_port is not None:
+        listeners.append(_stats_listener(e))
+        clusters.append(_cluster(ADMIN_CLUSTER, e.admin_address, e.admin_port, "0.25s"))
+    return {
+        "admin": {"address": _address(e.admin_address, e.admin_port)},
+        "overload_manager": _overload_manager(e.max_heap_bytes),
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+    }
+
+
+def _ext_proc_filter(config: RouterConfig) -> dict:
+    """The router in the request path: headers and the buffered body go to it; it may fail open."""
     timeout = message_timeout_ms(config)
-    ext_proc = {
+    return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -155,7 +176,13 @@ def render(config: RouterConfig) -> dict[str, Any]:
             },
         },
     }
-    hcm = {
+
+
+def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> dict:
+    """The gateway's HTTP handling: client limits, path normalisation, who may set which headers,
+    the routes, and the filters (health check, the router, Envoy's router)."""
+    e = config.envoy
+    return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": _HCM_TYPE,
@@ -211,12 +238,16 @@ def render(config: RouterConfig) -> dict[str, Any]:
                         "headers": [{"name": ":path", "string_match": {"exact": "/healthz"}}],
                     },
                 },
-                ext_proc,
+                _ext_proc_filter(config),
                 _router_filter(),
             ],
         },
     }
-    router_cluster = _cluster(ROUTER_CLUSTER, e.router_address, config.server.grpc_port, "0.25s")
+
+
+def _router_cluster(config: RouterConfig) -> dict:
+    """How Envoy reaches the router's gRPC port."""
+    router_cluster = _cluster(ROUTER_CLUSTER, config.envoy.router_address, config.server.grpc_port, "0.25s")
     protocol: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "explicit_http_config": {"http2_protocol_options": {}},
@@ -232,51 +263,39 @@ def render(config: RouterConfig) -> dict[str, Any]:
     router_cluster["circuit_breakers"] = {
         "thresholds": [{"max_connections": 1024, "max_pending_requests": 65536, "max_requests": 65536}]
     }
-    gateway = {
-        "name": "llm_gateway",
-        "address": _address(e.listen_address, e.listen_port),
-        # Buffered ext_proc holds the whole request body: above this Envoy answers 413.
-        "per_connection_buffer_limit_bytes": e.max_request_bytes,
-        "filter_chains": [{"filters": [hcm]}],
-    }
-    listeners = [gateway]
-    clusters = [router_cluster] + [_backend_cluster(b, e.ca_bundle) for b in backends]
-    if e.stats_port is not None:
-        listeners.append(_stats_listener(e))
-        clusters.append(_cluster(ADMIN_CLUSTER, e.admin_address, e.admin_port, "0.25s"))
+    return router_cluster
+
+
+def _overload_manager(max_heap_bytes: int) -> dict:
+    """Envoy's memory is bounded by its heap, not by how many uploads clients leave half-sent."""
     return {
-        "admin": {"address": _address(e.admin_address, e.admin_port)},
-        # Envoy's memory is bounded by its heap, not by how many uploads clients leave half-sent.
-        "overload_manager": {
-            "refresh_interval": "0.25s",
-            "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},  # track streams >= 1 MiB
-            "resource_monitors": [
-                {
-                    "name": "envoy.resource_monitors.global_downstream_max_connections",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
-                        "max_active_downstream_connections": 50000,
-                    },
+        "refresh_interval": "0.25s",
+        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},  # track streams >= 1 MiB
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": 50000,
                 },
-                {
-                    "name": "envoy.resource_monitors.fixed_heap",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
-                        "max_heap_size_bytes": e.max_heap_bytes,
-                    },
+            },
+            {
+                "name": "envoy.resource_monitors.fixed_heap",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": max_heap_bytes,
                 },
-            ],
-            "actions": [
-                {"name": "envoy.overload_actions.reset_high_memory_stream",
-                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap",
-                               "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]},
-                {"name": "envoy.overload_actions.shrink_heap",
-                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.9}}]},
-                {"name": "envoy.overload_actions.stop_accepting_requests",
-                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.95}}]},
-            ],
-        },
-        "static_resources": {"listeners": listeners, "clusters": clusters},
+            },
+        ],
+        "actions": [
+            {"name": "envoy.overload_actions.reset_high_memory_stream",
+             "triggers": [{"name": "envoy.resource_monitors.fixed_heap",
+                           "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]},
+            {"name": "envoy.overload_actions.shrink_heap",
+             "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.9}}]},
+            {"name": "envoy.overload_actions.stop_accepting_requests",
+             "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.95}}]},
+        ],
     }
 
 
