@@ -4,9 +4,8 @@ A least-squares line over recent batches, older ones fading geometrically, so th
 the machine as it gets busier or quieter (a neighbour process, a CPU quota, thermal limits).
 Batches all of one size (an idle router sees singles) pin no slope: then the split between the
 fixed and per-token parts comes from the backend's warm-up (`calibrate`), and only the level from
-traffic. Without a calibration the whole cost is taken as per-token, which errs high: measured
-2.6-5.5x too high (median 4.4x) for a 256-token prompt after 12-token ones (python -m
-bench.long_prompt_cost); with it, 1.6x (median).
+traffic. Without a calibration the whole cost is taken as per-token, which errs high for a long
+prompt after short ones (`python -m bench.long_prompt_cost` measures both).
 """
 
 from __future__ import annotations

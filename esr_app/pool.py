@@ -1,8 +1,8 @@
 """A pool of router processes: one model process and N ext_proc workers that share grpc_port
 (SO_REUSEPORT), kept alive (a dead one is started again), with one /metrics for all of them.
 
-Why processes: one Python front end spends ~1 ms of CPU per request in grpcio and asyncio, so a
-single process caps a GPU node at ~1k routed req/s; the model process keeps one batcher (one
+Why processes: most of a Python front end's CPU per request goes to grpcio and asyncio, so one
+process caps what a GPU node routes (README, "Scale-out"); the model process keeps one batcher (one
 GPU stream, or one set of CPU threads) across every worker's prompts.
 """
 

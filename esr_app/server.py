@@ -106,10 +106,9 @@ class RouterServer:
         if self.pool_worker is None:
             await self._listen(server)
         self.embedder = await self._start_embedder()
-        # torch, transformers and the model leave ~440k long-lived objects: every full collection
-        # walked them all holding the GIL for ~190 ms (measured; the model thread needs the GIL
-        # between ops), a latency spike every few seconds of traffic. Frozen, they are never
-        # scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
+        # torch, transformers and the model leave hundreds of thousands of long-lived objects: every
+        # full collection walked them all holding the GIL (which the model thread needs between
+        # ops), a latency spike every few seconds of traffic. Frozen, they are never scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
         gc.collect()
         gc.freeze()
         self._activate(self.config, await build_serving(self.config, self.embedder, None))

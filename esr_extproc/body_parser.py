@@ -2,8 +2,8 @@
 a body whose shape makes it costly goes to a worker process.
 
 What a body costs to scan and decode is set by its structural characters (quotes, braces,
-brackets: ~1-3 us each), not its length: 256 KiB of `[[[[` took 130 ms, 24,000 keys 47 ms. So only
-a body small in both bytes and structure is parsed on the loop (at most a few milliseconds);
+brackets), not its length (README, "Bad input and faults"; `python -m bench.adversarial_parse`). So
+only a body small in both bytes and structure is parsed on the loop (a few milliseconds at most);
 anything else, and every body too large to parse (scanned for its model and a repeated key), goes
 to the worker, with its request's deadline: the scan stops itself there (request_body.OutOfTime),
 so no body holds the worker past its own deadline for the bodies behind it, and the request falls
@@ -30,7 +30,7 @@ from router.config import RequestsConfig
 log = logging.getLogger(__name__)
 
 INLINE_BYTES = 64 * 1024  # plain text this long decodes in about a millisecond
-INLINE_STRUCTURE = 1024  # structural characters: ~3 ms at the worst measured cost per character
+INLINE_STRUCTURE = 1024  # structural characters: a few ms at the worst cost per character (bench.adversarial_parse)
 STUCK_S = 1.0
 
 

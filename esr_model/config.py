@@ -18,14 +18,14 @@ class ModelConfig:
     # `semantic-router export` / make models). torch: sentence-transformers (CPU or CUDA). auto:
     # torch where the device is (or auto finds) CUDA, else onnx.
     backend: str = "auto"
-    # onnx only: int8 (MatMuls in int8 with a scale per token, so batch-independent: 1.3x the
-    # routed req/s, 0.6x the CPU, slightly different routes; README "Model runtime") or fp32.
+    # onnx only: int8 (MatMuls in int8 with a scale per token, so batch-independent: more routed
+    # req/s for less CPU, slightly different routes; README "Model runtime") or fp32.
     # auto: fp32 (the same vectors as torch), the model's own on torch.
     precision: str = "auto"
     max_seq_length: int | None = None  # None: the model's own limit
     cpu_threads: int | None = None  # None: one per available core
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
-    cpu_bf16: bool = False  # bf16 autocast on CPU: ~1.8x faster where the CPU has bf16 units, slightly different scores
+    cpu_bf16: bool = False  # bf16 autocast on CPU: faster where the CPU has bf16 units, slightly different scores
     torchscript: bool = True  # CPU: run the model as one traced graph (checked against eager at load)
 
     def __post_init__(self):

@@ -160,9 +160,9 @@ def trace(model, max_seq_length: int):
     """The model as one TorchScript graph, or None where tracing fails or changes the output.
 
     Why: eager PyTorch returns to Python (and takes the GIL) between every op, and the router's
-    event loop holds the GIL while it answers requests; the traced graph runs in C++. Measured
-    (README, `bench.contention_bench --torchscript on|off`): 209 vs 151 req/s alone, 140 vs 116
-    next to a CPU-bound neighbour. The trace is checked against eager on several shapes before use.
+    event loop holds the GIL while it answers requests; the traced graph runs in C++ (README,
+    `bench.contention_bench --torchscript on|off`: faster alone and beside a neighbour). The trace
+    is checked against eager on several shapes before use.
     """
     import torch
 

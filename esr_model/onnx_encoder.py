@@ -1,10 +1,10 @@
 """A sentence-transformers model's ONNX export (model/export.py) run by ONNX Runtime on the CPU, with
 the model's own fast tokenizer: serving on this imports neither torch nor sentence-transformers.
 
-Why ONNX Runtime (README, "Model runtime"): on the bundled model it embeds a single prompt 2.2x
-as fast as the TorchScript graph, batches as fast, and gives the same vectors (cosine 1.00000);
-OpenVINO was slower at batch 1 and 2.3x the install size. One session per thread count the tuner
-may pick (a session's pool size is fixed when it is made).
+Why ONNX Runtime (README, "Model runtime", measured against TorchScript and OpenVINO): a single
+prompt embeds faster than on the TorchScript graph, batches as fast, with the same vectors, and
+without torch in the install. One session per thread count the tuner may pick (a session's pool
+size is fixed when it is made).
 """
 
 from __future__ import annotations

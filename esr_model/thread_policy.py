@@ -1,16 +1,14 @@
 """How many torch threads the model thread uses, chosen batch by batch from what batches cost.
 
-Why not a fixed number: a forward pass is ~40 parallel regions, and each waits at its barrier for
-its slowest thread. On a machine to itself, two threads on two cores run the router's c32 load at
-200 req/s against 134 with one; with one CPU-bound neighbour process on one core, the same two
-threads fall to 85 req/s (6% of requests past the 500 ms deadline) while one thread holds 141,
-because the thread that shares a core with the neighbour is descheduled mid-region. libgomp's
-knobs do not fix it (OMP_WAIT_POLICY=PASSIVE: 166 alone / 125 contended; ACTIVE: 194 / 98;
-GOMP_SPINCOUNT=10000: 194 / 79; `python -m bench.contention_bench`). So the count is measured:
-the current count's batch cost is learned from every batch, and now and then (0.25 s, doubling to
-2 s while the choice holds) one batch runs with another count and is compared with what the
-current count would have taken for it; a clear win switches. The choice follows a neighbour that
-comes and goes. A switch costs ~0.25 us (torch.set_num_threads).
+Why not a fixed number: a forward pass is many parallel regions, and each waits at its barrier for
+its slowest thread. Alone, more threads are faster; beside a CPU-bound neighbour process, the thread
+that shares a core with it is descheduled mid-region and every region waits for it, so fewer threads
+are faster, and libgomp's wait-policy knobs do not change that (README, "Benchmarks";
+`python -m bench.contention_bench`). So the count is measured: the current count's batch cost is
+learned from every batch, and now and then (0.25 s, doubling to 2 s while the choice holds) one
+batch runs with another count and is compared with what the current count would have taken for it;
+a clear win switches. The choice follows a neighbour that comes and goes; a switch is one
+torch.set_num_threads call.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class ThreadTuner:
         # Comparisons are paired: a batch run with another count is timed against what the
         # current count is predicted to take for that same batch shape. (Comparing each count's
         # own average cost per token is biased: fewer threads let requests pile up into bigger
-        # batches, which look cheaper per token. Measured: that version ran c64 at 220 req/s
-        # where two fixed threads ran 295.)
+        # batches, which look cheaper per token, so that version kept choosing too few.)
         self._cost = BatchCostModel(forget=0.9)  # of the current count, from every batch it runs
         # A clear win (under 0.7x) switches at once; a marginal one (0.7-0.9x) is confirmed by a
         # second batch right away (one batch can be unlucky either way). Older measurements are

@@ -3,9 +3,8 @@
 Why: torch's CPU kernels run on libgomp, which gives every thread that opens a parallel region
 its own pool of workers, kept until that thread exits. Once the process holds more pool threads
 than CPUs, libgomp stops spinning between regions and parks its workers on a futex, so each of
-the ~40 parallel regions in one forward pass pays a wake-up. Measured on the 2-core CI machine
-(README, "Benchmarks"): a model thread ran a one-prompt batch in 10.2 ms with a second pool alive
-in the process and 8.0 ms without it. So model loading runs single-threaded, other torch work
+the parallel regions in one forward pass pays a wake-up (README, "Benchmarks", measures what a
+second pool costs a one-prompt batch). So model loading runs single-threaded, other torch work
 (training a head at load) runs on a thread that exits when done, and only the model thread (or
 offline CLI work, which has no model thread) keeps a pool.
 """
