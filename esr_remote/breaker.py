@@ -27,6 +27,7 @@ class CircuitBreaker:
         self._failures = 0
         self._open = False
         self._stopped = threading.Event()
+        self._prober: threading.Thread | None = None
 
     @property
     def closed(self) -> bool:
@@ -44,7 +45,13 @@ class CircuitBreaker:
         log.warning("remote engine failing: calls stopped, probing for its return",
                     extra={"breaker": self.name, "failures": self.failures_to_open, "last_error": why})
         self._on_change(True)
-        threading.Thread(target=self._probe_until_back, name=f"{self.name}-probe", daemon=True).start()
+        self._prober = threading.Thread(target=self._probe_until_back, name=f"{self.name}-probe", daemon=True)
+        self._prober.start()
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe thread is running (the breaker is open and not stopped)."""
+        return self._prober is not None and self._prober.is_alive()
 
     def stop(self) -> None:
         """No more probes (shutdown)."""

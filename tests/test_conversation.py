@@ -12,9 +12,9 @@ from router.classifier import RouteClassifier
 from esr_config import ConfigError, parse_config
 from router.conversation import deciding_turn
 from router.embedding_cache import EmbeddingCache
-from tests.fakes import FakeBackend
-from tests.test_classifier import config, encode, unit
-from tests.test_service import CONFIG, Harness, body_msg, headers_msg, run, set_headers
+from tests.support.fakes import FakeBackend, config, encode, unit
+from tests.support.waiting import until
+from tests.support.extproc import CONFIG, Harness, body_msg, headers_msg, run, set_headers
 
 MATH, CODE, VAGUE, OFF = unit(1, 0.1, 0), unit(0.1, 1, 0), unit(0.6, 0.6, 0.55), unit(0.2, 0.2, 1)
 
@@ -164,11 +164,11 @@ def test_one_waiter_leaving_keeps_the_computation_the_last_one_cancels_it():
 
         model.release.clear()
         lone = asyncio.ensure_future(cache.get("u", model("u", wait=True)))
-        await asyncio.sleep(0.01)
+        await until(lambda: cache._flights, 5, "the computation in flight")
         flight = next(iter(cache._flights.values())).task
         lone.cancel()
-        await asyncio.sleep(0.01)
-        assert flight.cancelled()  # nobody wants it: the batcher may drop it before it is computed
+        # Nobody wants it: the batcher may drop it before it is computed.
+        await until(flight.cancelled, 5, "the last waiter leaving cancels the computation")
         assert len(cache) == 1
 
     run(main())

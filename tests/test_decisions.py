@@ -13,7 +13,7 @@ from router.calibration import Calibrator, CalibrationConfig
 from router.classifier import RouteClassifier
 from esr_config import ConfigError, parse_config
 from router.rules import RequestFacts, Rules
-from tests.test_classifier import encode, unit
+from tests.support.fakes import encode, unit
 from esr_tuning.calibration import Examples, calibrate, fit_logistic, reliability
 
 CHAT = "/v1/chat/completions"

@@ -6,14 +6,13 @@ import asyncio
 import json
 from collections.abc import MutableMapping
 
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esr_extproc.request_body import BadBody, parse_body, peek_model, with_model
 from router.config import RequestsConfig
-from tests.test_service import Harness
+from tests.support.extproc import Harness, body_msg, raw_headers_msg
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -50,15 +49,12 @@ def header_messages():
     pairs = st.lists(st.tuples(st.sampled_from([":path", ":method", "content-type", "x-selected-model", "x-any"]),
                                st.text(max_size=30)), max_size=5)
     return st.builds(
-        lambda hs, eos: pb.ProcessingRequest(request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs]),
-            end_of_stream=eos)),
+        raw_headers_msg,
         pairs, st.booleans())
 
 
 def body_messages():
-    return st.builds(lambda b, eos: pb.ProcessingRequest(request_body=pb.HttpBody(body=b, end_of_stream=eos)),
-                     bodies, st.booleans())
+    return st.builds(body_msg, bodies, st.booleans())
 
 
 other_messages = st.sampled_from([

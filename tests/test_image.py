@@ -15,7 +15,7 @@ import pytest
 
 from devstack.stack import free_port
 from tests.conftest import ROOT
-from tests.extproc_client import route_once
+from tests.support.extproc import route_once
 
 VENV = ROOT / "build" / "image-venv"
 

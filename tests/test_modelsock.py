@@ -14,9 +14,9 @@ import pytest
 from batching import BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
 from esr_modelsock import wire
 from esr_modelsock.client import ModelClient
-from tests.waiting import until as until_reached
+from tests.support.waiting import until as until_reached
 from esr_modelsock.server import ModelSocketServer, SocketInUse
-from tests.fakes import FakeBackend, vector_for
+from tests.support.fakes import FakeBackend, vector_for
 
 
 class Side:
@@ -78,10 +78,9 @@ def test_a_deadline_and_a_cancel_cross_the_socket_and_nothing_is_computed(tmp_pa
         client = await connect(side.path)
         busy = asyncio.create_task(client.embed("occupies the model", soon(10)))
         await until(backend.entered.is_set)
-        t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded):
+        with pytest.raises(DeadlineExceeded):  # the caller's deadline, while the model is still held
             await client.embed("times out in the queue", soon(0.2))
-        assert time.monotonic() - t0 < 0.5  # the caller's deadline, not the model's pace
+        assert not busy.done()
         cancelled = asyncio.create_task(client.embed("cancelled by its caller", soon(10)))
         await until(lambda: side.batcher.depth[0] == 2)  # both queued on the model side
         assert side.server.in_flight == 2
@@ -107,10 +106,9 @@ def test_overload_is_refused_at_once_with_its_kind(tmp_path):
         await until(backend.entered.is_set)
         queued = asyncio.create_task(client.embed("takes the only queue slot", soon(10)))
         await until(lambda: side.batcher.depth[0] == 1)
-        t0 = time.monotonic()
-        with pytest.raises(Overloaded):
+        with pytest.raises(Overloaded):  # refused while the model is still held, not at the deadline
             await client.embed("no room", soon(10))
-        assert time.monotonic() - t0 < 0.5  # refused, not held to the deadline
+        assert not busy.done() and not queued.done()
         backend.gate.set()
         await asyncio.gather(busy, queued)
         await client.aclose()
@@ -131,10 +129,8 @@ def test_model_process_gone_means_immediate_fallbacks_then_recovery(tmp_path):
         await side.server.close()  # the front end sees the connection drop
         with pytest.raises(ModelUnavailable):
             await in_flight
-        t0 = time.monotonic()
-        with pytest.raises(ModelUnavailable):
+        with pytest.raises(ModelUnavailable):  # at once: waiting would end in DeadlineExceeded
             await client.embed("while it is away", soon(10))
-        assert time.monotonic() - t0 < 0.1
         assert states == [True, False]
         backend.gate.set()
         await side.batcher.aclose(2.0)

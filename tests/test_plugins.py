@@ -10,7 +10,7 @@ import pytest
 
 from filters.chain import available_filters
 from tests.conftest import ROOT
-from tests.test_service import CONFIG, Harness, body_msg, chat, headers_msg, set_headers
+from tests.support.extproc import CONFIG, Harness, body_msg, chat, headers_msg, set_headers
 
 
 @pytest.fixture(scope="module")

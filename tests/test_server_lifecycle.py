@@ -15,8 +15,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from batching import BatcherClosed
 from esr_config import parse_config
 from esr_app.server import PortInUse, RouterServer
-from tests.fakes import FakeBackend
-from tests.test_service import CONFIG, body_msg, chat, headers_msg, set_headers
+from tests.support.fakes import FakeBackend
+from tests.support.waiting import until
+from tests.support.extproc import CONFIG, body_msg, chat, headers_msg, set_headers
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -56,6 +57,12 @@ async def health(port: int) -> int:
         return reply.status
 
 
+async def until_health(port: int, status: int) -> None:
+    async def reached():
+        return await health(port) == status
+    await until(reached, 10, f"health status {status}")
+
+
 def test_stop_reports_not_serving_then_finishes_in_flight_requests():
     async def main():
         backend = FakeBackend()
@@ -73,8 +80,7 @@ def test_stop_reports_not_serving_then_finishes_in_flight_requests():
             await asyncio.to_thread(backend.entered.wait, 5)
 
             stopping = asyncio.create_task(server.stop())
-            await asyncio.sleep(0.2)
-            assert await health(port) == NOT_SERVING  # Envoy / Kubernetes stop sending first
+            await until_health(port, NOT_SERVING)  # Envoy / Kubernetes stop sending first
             assert not stopping.done()  # ... while the request in flight is still being served
             backend.gate.set()
             resp = await asyncio.wait_for(call.read(), 5)
@@ -97,10 +103,9 @@ def test_health_is_not_serving_until_the_model_is_warm():
         backend.warmup = slow_warmup
         server = RouterServer(config(), None, backend_factory=lambda cfg: backend)
         starting = asyncio.create_task(server.start())
-        while server.grpc_port == 0:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        assert await health(server.grpc_port) == NOT_SERVING
+        await until(lambda: server.grpc_port, 10, "the gRPC port open while the model warms up")
+        await until_health(server.grpc_port, NOT_SERVING)  # listening, not yet serving
+        assert not starting.done()
         warm.set()
         await starting
         assert await health(server.grpc_port) == SERVING

@@ -4,98 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
-import grpc
-import numpy as np
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from batching import BatcherSettings, ContinuousBatcher
-from esr_app.routing_build import service_settings
-from esr_extproc.service import ExtProcService, Serving
 from filters.chain import FilterChain
-from router.classifier import RouteClassifier
-from esr_config import parse_config
-from router.engine import RoutingEngine
-from tests.fakes import FakeBackend, vector_for
-
-CONFIG = {
-    "routes": [
-        {"name": "math", "model": "math-model", "utterances": ["solve 3x + 5 = 20"]},
-        {"name": "code", "model": "code-model", "utterances": ["write a python function"]},
-    ],
-    "default_route": {"name": "general", "model": "general-model"},
-    "default_threshold": 0.9,
-}
-
-
-def headers_msg(path="/v1/chat/completions", method="POST", extra=(), end_of_stream=False):
-    hs = [(":path", path), (":method", method), ("content-type", "application/json"), *extra]
-    return pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs]),
-            end_of_stream=end_of_stream,
-        )
-    )
-
-
-def body_msg(obj) -> pb.ProcessingRequest:
-    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))
-
-
-def chat(prompt, model="auto"):
-    return {"model": model, "messages": [{"role": "user", "content": prompt}]}
-
-
-def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
-    common = resp.request_body.response
-    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-
-
-class Harness:
-    """A real grpc.aio server on loopback carrying the ext_proc service; one client stream per call."""
-
-    def __init__(self, config=CONFIG, backend=None):
-        self.config = parse_config(config)
-        self.backend = backend or FakeBackend()
-
-    async def __aenter__(self):
-        self.batcher = ContinuousBatcher(self.backend, BatcherSettings())
-        self.batcher.start()
-        classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
-        self.server = grpc.aio.server()
-        self.service = ExtProcService()
-        pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
-        engine = RoutingEngine(self.config, self.batcher, classifier)
-        # what RouterServer does with each engine
-        self.service.serve(Serving(engine, await FilterChain.for_engine(engine, self.config.filters, self.config.filter_settings), service_settings(self.config)))
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = pb_grpc.ExternalProcessorStub(self.channel)
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.channel.close()
-        await self.server.stop(1)
-        await self.batcher.aclose()
-
-    async def exchange(self, *messages) -> list[pb.ProcessingResponse]:
-        call = self.stub.Process()
-        out = []
-        for m in messages:
-            await call.write(m)
-            out.append(await asyncio.wait_for(call.read(), 5))
-        await call.done_writing()
-        return out
-
-
-def run(coro):
-    return asyncio.run(coro)
+from tests.support.extproc import CONFIG, Harness, body_msg, chat, headers_msg, run, set_headers
+from tests.support.fakes import FakeBackend
 
 
 async def occupy_model(h: Harness, backend: FakeBackend) -> asyncio.Task:
@@ -216,13 +131,11 @@ def test_slow_model_falls_back_within_deadline():
         backend = FakeBackend(hold=True)  # the model never returns while held
         cfg = {**CONFIG, "server": {"deadline_ms": 100}}
         async with Harness(cfg, backend) as h:
-            t0 = time.monotonic()
+            # The model never answers until the gate opens: an answer at all is the deadline's.
             _, resp = await h.exchange(headers_msg(), body_msg(chat("solve 3x + 5 = 20")))
-            elapsed = time.monotonic() - t0
             backend.gate.set()
             hs = set_headers(resp)
             assert hs["x-semantic-route-reason"] == "fallback_timeout"
-            assert elapsed < 2.0
 
     run(main())
 
@@ -301,7 +214,6 @@ def test_prompt_guard_blocks_or_tags_with_the_shared_embedding():
 def test_bad_filter_settings_name_the_key():
     import pytest
 
-    from filters.chain import FilterChain
     from esr_config import ConfigError
 
     with pytest.raises(ConfigError, match="filter_settings.prompt_guard.threshold"):

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from devstack.stack import ROOT, Stack, StackPorts
-from tests.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 from tests.integration.conftest import metric, scrape
-from tests.integration.inproc_router import InProcessRouter
+from tests.support.inproc_router import InProcessRouter
 
 MATH = "solve 3x + 5 = 20"  # an utterance of router.yaml: the fake model matches it exactly
 
@@ -77,11 +77,12 @@ def test_model_error_falls_back_and_batcher_keeps_serving(faulty):
 def test_slow_model_falls_back_within_the_deadline(faulty):
     stack, backend = faulty
     backend.mode = "slow"
-    r, elapsed = ask(stack)
+    r, _ = ask(stack)
     assert r.status_code == 200
+    # The router's own answer at its 0.5 s deadline: had Envoy's 1 s message timeout fired first,
+    # the request would have gone on unrouted, with no reason header.
     assert r.headers["x-semantic-route-reason"] == "fallback_timeout"
     assert r.headers["x-mock-backend"] == "general-model"
-    assert elapsed < 1.5  # deadline 0.5 s, Envoy's message_timeout 1 s
     assert r.json()["model"] == "general-model"
     wait_idle(backend)
     assert ask(stack)[0].headers["x-semantic-route-reason"] == "matched"

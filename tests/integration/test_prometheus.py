@@ -16,7 +16,7 @@ import yaml
 
 from devstack.stack import free_port
 from esr_settings import replace_at
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

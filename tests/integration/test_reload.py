@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from devstack.stack import ROOT, free_port
-from tests.extproc_client import route_once
+from tests.support.extproc import route_once
 from tests.integration.conftest import metric
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import ROOT, Stack, StackPorts, free_port
 from esr_config import load_config
 from tests.integration.conftest import ask, metric, scrape
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 KEY = "sk-infinity-test-7f3a9c1e"
 KEY_ENV = "SEMANTIC_ROUTER_ENGINE_KEY"

@@ -7,6 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
+from esr_config import parse_config
+
 POISON = "poison"
 
 
@@ -62,3 +64,42 @@ def vector_for(text: str) -> np.ndarray:
     rng = np.random.default_rng(abs(hash(text)) % (2**32))
     v = rng.standard_normal(FakeBackend.dim).astype(np.float32)
     return v / np.linalg.norm(v)
+
+
+# Toy vectors in three dimensions, placed by hand: `m*` near math, `c*` near code, `g1` near neither.
+def unit(*xs):
+    v = np.asarray(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+VECTORS = {
+    "m1": unit(1, 0, 0), "m2": unit(1, 0.2, 0), "m3": unit(0.2, 1, 0.1),
+    "c1": unit(0, 1, 0), "c2": unit(0, 1, 0.3),
+    "g1": unit(0, 0, 1),
+}
+
+
+def scatter(rng, center, n, spread):
+    """`n` unit vectors around `center`, each drawn with its own Gaussian offset (std `spread`)."""
+    out = []
+    for _ in range(n):
+        v = center + rng.normal(0, spread, 3)
+        out.append(v / np.linalg.norm(v))
+    return out
+
+
+def encode(texts):
+    return np.stack([VECTORS[t] for t in texts])
+
+
+def config(**over):
+    base = {
+        "routes": [
+            {"name": "math", "model": "math-model", "utterances": ["m1", "m2", "m3"]},
+            {"name": "code", "model": "code-model", "utterances": ["c1", "c2"]},
+        ],
+        "default_route": {"name": "general", "model": "general-model"},
+        "default_threshold": 0.8,
+    }
+    base.update(over)
+    return parse_config(base)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any, Callable
 
@@ -26,8 +27,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 async def until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
-    """wait_for on an event loop: the loop keeps running between polls."""
+    """wait_for on an event loop: the loop keeps running between polls. The predicate may be a
+    coroutine function (a health check over gRPC, say)."""
     end = time.monotonic() + timeout
-    while (value := _poll(predicate, end, timeout, what)) is None:
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if (value := _poll(lambda: value, end, timeout, what)) is not None:
+            return value
         await asyncio.sleep(interval)
-    return value
