@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from esr_app.cli import _offline, _piece_vectors
+from esr_app.quality_cli import offline, piece_vectors
 from esr_config import load_config
 from router.guard import GuardScorer
 from esr_tuning.guard import guard_report, load_guard_data, request_scores, split_groups, threshold_for, train_guard_head
@@ -35,8 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config)
     requests = load_guard_data(args.data, config.requests)
-    encoder, _ = _offline(config)
-    vectors = _piece_vectors(encoder, requests)
+    encoder, _ = offline(config)
+    vectors = piece_vectors(encoder, requests)
     train, test = split_groups(requests, 0.2, 0)
     rows = {}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from esr_settings import replace_at
-from esr_app.cli import _offline
+from esr_app.quality_cli import offline
 from esr_config import load_config
 from esr_tuning.evaluation import decide_labelled, routed_texts_of
 
@@ -67,7 +67,7 @@ def main() -> None:
     results = {}
     for keep in ("head", "tail", "ends"):
         config = replace_at(base, "requests", truncate=keep)
-        encoder, classifier = _offline(config)  # the encoder keeps the same part of the tokens
+        encoder, classifier = offline(config)  # the encoder keeps the same part of the tokens
         for name, texts in prompts.items():
             embeddings = encoder.encode(routed_texts_of(config, texts))
             routes = np.asarray([d.route for d in decide_labelled(config, classifier, texts, embeddings)])

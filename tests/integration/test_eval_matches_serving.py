@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from esr_app.cli import _offline, _vectors
+from esr_app.quality_cli import offline, text_vectors
 from devstack.stack import stack_with
 from esr_config import load_config
 from esr_tuning.conversations import Dialogue, load_dialogues, predict, routed_texts
@@ -97,14 +97,14 @@ def test_every_turn_is_routed_by_the_server_as_eval_scores_it(tmp_path, envoy_bi
                     assert answer.headers["x-semantic-route-reason"] in ("matched", "context", "default", "keyword", "rule")
                     served.append(tuple(answer.headers[h] for h in SHOWN))
         config = load_config(tmp_path / "router.yaml")
-    encoder, classifier = _offline(config)
-    offline = predict(config, classifier, dialogues, _vectors(encoder, routed_texts(config, dialogues)))
-    assert [_shown(d) for d in offline] == served
+    encoder, classifier = offline(config)
+    scored = predict(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)))
+    assert [_shown(d) for d in scored] == served
     assert len({route for route, _, _ in served}) > 1
     (tmp_path / "neighbour.yaml").write_text(yaml.safe_dump(edited(yaml.safe_load((tmp_path / "router.yaml").read_text()), neighbour)))
     other = load_config(tmp_path / "neighbour.yaml")
     assert [_shown(d) for d in predict(other, classifier, dialogues,
-                                       _vectors(encoder, routed_texts(other, dialogues)))] != served
+                                       text_vectors(encoder, routed_texts(other, dialogues)))] != served
 
 
 SHOWN = ("x-semantic-route", "x-semantic-route-reason", "x-semantic-route-confidence")
