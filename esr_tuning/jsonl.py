@@ -47,6 +47,8 @@ def first_record(path: str | Path) -> object | None:
 
 def known_label(label: object, allowed: Collection[str]) -> str:
     """`label`, when it names a route or the default route (`allowed`); else BadRecord."""
-    if not isinstance(label, str) or label not in allowed:
+    if not isinstance(label, str):
+        raise TypeError("label")  # a record of the wrong shape (read_records names the line)
+    if label not in allowed:
         raise BadRecord(f"label {label!r} is not a route or the default route ({sorted(allowed)})")
     return label
