@@ -67,12 +67,12 @@ class SentenceEncoder(TunedEncoder):
             self.cpu_bf16 = self.device == "cpu" and config.cpu_bf16
             if self.half:
                 self.model.half()
-        own: int = self.model.max_seq_length  # type: ignore[assignment]  # set for every model it loads
+        own: int = self.model.max_seq_length
         self.max_seq_length = min(config.max_seq_length or own, own)
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.on_cpu = self.device == "cpu"
-        self.dimension: int = self.model.get_embedding_dimension()  # type: ignore[assignment]  # known once loaded
+        self.dimension: int = self.model.get_embedding_dimension()
         self._traced = None
         if config.torchscript and self.device == "cpu" and not self.cpu_bf16:
             with single_threaded():

@@ -47,7 +47,7 @@ def export(model_dir: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with single_threaded():
         model = SentenceTransformer(model_dir, device="cpu").eval()
-    batches = check_batches(model, model.max_seq_length)  # type: ignore[arg-type]  # set for every model it loads
+    batches = check_batches(model, model.max_seq_length)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx.tmp")
     os.close(fd)
     tmp_int8 = tmp + ".int8"
