@@ -42,7 +42,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from esr_app.server import PortInUse, RouterServer
 
     setup_logging(args.log_level)
-    config = _with_server_overrides(load_or_exit(args.config), args)
+    from_file = load_or_exit(args.config)
+    config = _with_server_overrides(from_file, args)
     if args.workers is not None:
         config = replace_at(config, "server", workers=args.workers if args.workers == "auto" else int(args.workers))
     if args.model_socket is not None:
@@ -51,7 +52,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if workers > 1:
             return pool.WorkerPool(config, args.config, workers, args.log_level).run()
-        event_loop.run(RouterServer(config, args.config).run_until_signal(), config.server.event_loop)
+        event_loop.run(RouterServer(config, args.config, file_config=from_file).run_until_signal(),
+                       config.server.event_loop)
     except (PortInUse, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -24,14 +24,14 @@ class ConfigReloader:
     may load a new encoder itself (not behind a model process)."""
 
     def __init__(self, path: Path, running: RouterConfig, apply: Callable[[RouterConfig, bool], Awaitable[None]],
-                 can_swap_model: bool):
+                 can_swap_model: bool, from_file: RouterConfig | None = None):
         self.path = path
         self._apply = apply
         self._can_swap_model = can_swap_model
         self._running = running
         self._lock = asyncio.Lock()
         # What the file said at start (CLI flags may override server.*): a reload warns against this.
-        self._from_file = load_config(path)
+        self._from_file = from_file if from_file is not None else load_config(path)
 
     async def reload(self, why: str) -> bool:
         """Swap in the file's current routes (and a new encoder this process can load itself)."""

@@ -50,11 +50,13 @@ class RouterServer:
         config_path: Path | None = None,
         backend_factory: BackendFactory | None = None,
         pool_worker: int | None = None,
+        file_config: RouterConfig | None = None,
     ):
         # backend_factory: what to run instead of what config.encoder names (fault-injection
         # tests); None: esr_app.embedding.make_backend.
         # pool_worker: this process's index among the workers that share grpc_port (esr_app.pool);
         # the pool then serves /metrics for all of them.
+        # file_config: what config_path said, before command-line overrides (None: read it again).
         self._backend_factory = backend_factory
         self.pool_worker = pool_worker
         self.config = config
@@ -72,7 +74,8 @@ class RouterServer:
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
         self.reloader = (ConfigReloader(config_path, config, self._apply,
-                                        can_swap_model=config.encoder.socket is None and pool_worker is None)
+                                        can_swap_model=config.encoder.socket is None and pool_worker is None,
+                                        from_file=file_config)
                          if config_path is not None else None)
 
     @property
