@@ -1,0 +1,298 @@
+"""The offline commands, classify, eval and fit: they score the same texts, with the same code,
+as the server routes on (README, "Routing quality")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
+from esr_settings import replace_at
+
+
+def load_or_exit(path: Path) -> RouterConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    encoder, classifier = offline(config)
+    for text in args.text:
+        decision = classifier.classify(encoder.encode([text])[0])
+        if args.json:
+            print(json.dumps(dataclasses.asdict(decision)))
+        else:
+            print(f"route={decision.route} model={decision.model} score={decision.score:.4f} reason={decision.reason} "
+                  f"confidence={decision.confidence:.4f}")
+    return 0
+
+
+def offline(config: RouterConfig):
+    """Encoder and classifier for offline commands (no batcher, no server)."""
+    from esr_app.embedding import make_backend
+    from esr_app.logs import setup_logging
+    from router.classifier import RouteClassifier
+
+    setup_logging("warning")
+    encoder = make_backend(config)
+    return encoder, RouteClassifier(config, encoder.encode)
+
+
+def _labelled(config: RouterConfig, path: Path):
+    from esr_tuning.evaluation import load_labelled
+
+    with _data_errors(OSError, ValueError):
+        return load_labelled(path, config.route_names)
+
+
+@contextlib.contextmanager
+def _data_errors(*kinds: type[Exception]):
+    """Data that cannot be used (unreadable, malformed, too little of it) ends the command: exit 2, the reason."""
+    try:
+        yield
+    except kinds as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
+    from esr_tuning.evaluation import decide_labelled, evaluate
+
+    decisions = decide_labelled(config, classifier, data.texts, embeddings)
+    return evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
+
+
+def _dialogues(config: RouterConfig, path: Path):
+    from esr_tuning.conversations import load_dialogues
+
+    with _data_errors(OSError, ValueError):
+        return load_dialogues(path, config.route_names, config.requests.harness_tags)
+
+
+def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -> dict:
+    """Per user turn, routed with the turns before it, as the router routes it."""
+    from esr_tuning.conversations import TurnTable, conversation_metrics, predict
+    from esr_tuning.evaluation import evaluate
+
+    table = TurnTable.of(dialogues)
+    decisions = predict(config, classifier, dialogues, vectors)
+    report = evaluate(table.labels, decisions, list(config.route_names), config.default_route.name)
+    report["conversation"] = conversation_metrics(table, [d.route for d in decisions])
+    return report
+
+
+def text_vectors(encoder, texts: list[str]) -> dict:
+    return dict(zip(texts, encoder.encode(texts)))
+
+
+def _guard_data(config: RouterConfig, path: Path):
+    from esr_tuning.guard import is_guard_data, load_guard_data
+
+    with _data_errors(OSError, ValueError):
+        return load_guard_data(path, config.requests) if is_guard_data(path) else None
+
+
+def _guard_settings(config: RouterConfig):
+    from filters.builtin import PromptGuard, PromptGuardSettings
+    from esr_settings import build
+
+    raw = config.filter_settings.get(PromptGuard.name)
+    return build(PromptGuardSettings, raw, f"filter_settings.{PromptGuard.name}") if raw else None
+
+
+def piece_vectors(encoder, requests) -> dict:
+    return text_vectors(encoder, sorted({p for r in requests for p in r.pieces} | {r.text for r in requests}))
+
+
+def _guard_scorer(settings, encoder):
+    """The served guard's scorer (filters.builtin.guard_scorer), on the offline encoder."""
+    from filters.builtin import guard_scorer
+
+    async def embed(text: str, deadline: float):
+        return encoder.encode([text])[0]
+
+    return asyncio.run(guard_scorer(settings, embed))
+
+
+def cmd_eval_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
+    from esr_tuning.guard import format_guard_report, guard_report, request_scores
+
+    settings = _guard_settings(config)
+    if settings is None or "prompt_guard" not in config.filters:
+        print("guard data needs a config whose filters include prompt_guard (filter_settings.prompt_guard)",
+              file=sys.stderr)
+        return 2
+    encoder, _ = offline(config)
+    report = guard_report(requests, request_scores(_guard_scorer(settings, encoder), requests,
+                                                   piece_vectors(encoder, requests)), settings.threshold)
+    print(json.dumps(report) if args.json else format_guard_report(report))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from esr_tuning.conversations import routed_texts
+    from esr_tuning.evaluation import format_report, routed_texts_of
+
+    config = load_or_exit(args.config)
+    page = {}
+    guard = _guard_data(config, args.data)
+    if guard is not None:
+        return cmd_eval_guard(args, config, guard)
+    if _is_conversations(args.data):
+        dialogues = _dialogues(config, args.data)
+        encoder, classifier = offline(config)
+        report = _conversation_report(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)))
+    else:
+        data = _labelled(config, args.data)
+        encoder, classifier = offline(config)
+        embeddings = encoder.encode(routed_texts_of(config, data.texts))
+        report = _report(classifier, embeddings, data, config)
+        page = {"scores": classifier.scores(embeddings)[:, : len(config.routes)], "labels": data.labels,
+                "routes": [r.name for r in config.routes], "thresholds": classifier.thresholds}
+    print(json.dumps(report) if args.json else format_report(report, config.default_route.name))
+    if args.html:
+        from esr_tuning.report_html import render
+
+        args.html.write_text(render(report, f"{args.config.name} on {args.data.name}", **page), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _is_conversations(path: Path) -> bool:
+    from esr_tuning.conversations import is_conversation_data
+
+    with _data_errors(OSError):
+        return is_conversation_data(path)
+
+
+def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterConfig:
+    """The config with its encoder fine-tuned on `data` (tuning/finetune.py), saved beside --out."""
+    import logging
+
+    from esr_app.embedding import runtime
+    from esr_model.encoder import resolve_device
+    from esr_model.location import resolve_model
+    from esr_tuning.finetune import FinetuneSettings, finetune
+
+    logging.getLogger("esr_tuning.finetune").setLevel(logging.INFO)  # progress, every 50 steps
+    default = config.default_route.name
+    keep = [i for i, label in enumerate(data.labels) if label != default]
+    classes = data.intents or data.labels
+    out_dir = args.out.with_suffix(".model")
+    with _data_errors(ValueError):
+        info = finetune(resolve_model(config.encoder.model), resolve_device(config.encoder.device),
+                        [data.texts[i] for i in keep], [classes[i] for i in keep], out_dir,
+                        FinetuneSettings(epochs=args.finetune_epochs))
+    print(f"fine-tuned {config.encoder.model} on {len(keep)} in-scope examples of {info['classes']} classes: "
+          f"{info['steps']} steps of {info['batch']} pairs in {info['seconds']} s on {info['device']}; saved to {out_dir}")
+    tuned = replace_at(config, "encoder", model=str(out_dir.resolve()))
+    if runtime(tuned) == "onnx":  # served (and scored below) on its export, made here where torch is
+        from esr_model.export import ensure_export
+
+        print(f"exported to ONNX: {ensure_export(str(out_dir))[0]}")
+    return tuned
+
+
+def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
+    """The prompt guard fitted on guard data: a head (--head) or the config's exemplars, and the
+    threshold for --guard-fpr; written into the config's prompt_guard settings (added to the chain)."""
+
+    from esr_tuning.guard import fit_guard, format_guard_report
+
+    settings = _guard_settings(config)
+    if not args.head and (settings is None or not settings.exemplars):
+        print("fit on guard data trains a head (--head) or tunes the threshold of filter_settings.prompt_guard.exemplars; "
+              "the config has neither", file=sys.stderr)
+        return 2
+    encoder, _ = offline(config)
+    vectors = piece_vectors(encoder, requests)
+    exemplars = None if args.head else _guard_scorer(settings, encoder)
+    with _data_errors(ValueError):
+        result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr)
+    guard = {**(config.filter_settings.get("prompt_guard") or {}), "threshold": round(result.threshold, 6)}
+    if result.head is not None:
+        guard["head"] = {"weights": list(result.head.weights), "bias": result.head.bias}
+    filters = config.filters if "prompt_guard" in config.filters else ("prompt_guard", *config.filters)
+    fitted = dataclasses.replace(config, filters=filters, filter_settings={**config.filter_settings, "prompt_guard": guard})
+    write_config(fitted, args.out, leading_comments(args.config))
+    for note in result.notes:
+        print(note)
+    print(format_guard_report(result.held_out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+
+    from router.classifier import RouteClassifier
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.fit import fit
+
+    config = load_or_exit(args.config)
+    guard = _guard_data(config, args.data)
+    if guard is not None:
+        return cmd_fit_guard(args, config, guard)
+    options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
+                   min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
+                   head_score=None if args.head_score == "auto" else args.head_score,
+                   calibration_share=args.confidence_default_share)
+    if _is_conversations(args.data):
+        from esr_tuning.conversations import fit_conversations, routed_texts, with_gate
+
+        if args.finetune:
+            print("--finetune takes {text, label} data: a conversation's turns are no examples of their route",
+                  file=sys.stderr)
+            return 2
+
+        config = with_gate(config, config.conversation.gate)  # a gate is fitted for the track policy
+        dialogues = _dialogues(config, args.data)
+        encoder, classifier = offline(config)
+        vectors = text_vectors(encoder, routed_texts(config, dialogues))
+        before = _conversation_report(config, classifier, dialogues, vectors)
+        result = fit_conversations(config, encoder.encode, dialogues, vectors, **options)
+        after = _conversation_report(result.config, RouteClassifier(result.config, encoder.encode, head=result.head),
+                                     dialogues, vectors)
+    else:
+        data = _labelled(config, args.data)
+        encoder, classifier = offline(config)
+        embeddings = encoder.encode(routed_texts_of(config, data.texts))
+        before = _report(classifier, embeddings, data, config)
+        if args.finetune:
+            config = _finetune(config, data, args)
+            encoder, _ = offline(config)
+            embeddings = encoder.encode(routed_texts_of(config, data.texts))
+        result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
+                     **options)
+        after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
+
+    fitted, head_file = result.config, args.out.with_suffix(".head.npz")
+    if result.head is not None:
+        result.head.save(head_file)
+        fitted = replace_at(fitted, "classifier.head_path", str(head_file.resolve()))
+    write_config(fitted, args.out, leading_comments(args.config))
+
+    for note in result.notes:
+        print(note)
+    print(f"{'on ' + str(args.data):<40}{'before':>10}{'after':>10}")
+    rows = [(key, before[key], after[key]) for key in ("accuracy", "in_scope_accuracy", "default_recall")]
+    if before.get("shifted") and after.get("shifted"):
+        rows.append((f"accuracy_at_{before['shifted']['default_share']:.0%}_default", before["shifted"]["accuracy"],
+                     after["shifted"]["accuracy"]))
+    if "conversation" in before:
+        rows += [(key, before["conversation"][key], after["conversation"][key])
+                 for key in ("all_turns", "short_followups", "topic_changes")]
+    if before.get("confidence") and after.get("confidence"):
+        rows += [(f"confidence_{key}", before["confidence"][key], after["confidence"][key]) for key in ("ece", "auroc")]
+    for key, old, new in rows:
+        print(f"{key:<40}{old if old is not None else '-':>10}{new if new is not None else '-':>10}")
+    print(f"wrote {args.out}" + (f" and {head_file}" if result.head is not None else ""))
+    return 0
