@@ -66,8 +66,11 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check $(ROOMS) devstack bench tests examples
 	$(VENV)/bin/mypy $(ROOMS)
 
+# Two workers (pytest-xdist), a test module each at a time: most of the suite waits on processes it
+# started (Envoy, routers, Infinity, the CLI), so two share the 2-core machine well (README, "Development").
+PYTEST_WORKERS ?= 2
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(STAMP) $(MODELS) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
