@@ -9,7 +9,6 @@ GPU stream, or one set of CPU threads) across every worker's prompts.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import glob
 import logging
@@ -30,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from esr_app import event_loop
 from esr_config import RouterConfig
+from esr_extproc.children import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -290,10 +290,7 @@ def _child_setup(log_level: str, name: str) -> None:
     # the model. A child also goes when the pool dies, however it dies (a stray worker would keep
     # the port).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)
     setup_logging(log_level, process=name)
 
 

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
+from esr_extproc.children import die_with_parent
 from esr_extproc.encodings import inflate
 from esr_extproc.request_body import (OutOfTime, ParsedBody, from_summary, parse_body, scan_unread, structure,
                                   summarize)
@@ -121,8 +122,10 @@ class BodyParser:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            # spawn, not fork: the router process runs threads (torch's among them).
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            # spawn, not fork: the router process runs threads (torch's among them). The worker
+            # goes with the router, however the router dies. Made on the event loop's thread.
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=die_with_parent)
         return self._pool
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from esr_extproc.request_body import BadBody, parse_body
 from router.config import RequestsConfig
+from tests.support.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -155,7 +156,6 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
     import asyncio
     import os
     import signal
-    import time
 
     from esr_extproc.body_parser import BodyParser
 
@@ -170,8 +170,7 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
             assert parser._pool is pool  # the started worker took it
             os.kill(pid, signal.SIGKILL)
-            while _running(pid):
-                time.sleep(0.01)
+            wait_for(lambda: not _running(pid), 10, "the killed worker gone", interval=0.01)
             # The worker died: a new one takes this body (never the event loop).
             assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
             assert parser._pool is not None and parser._pool is not pool
@@ -180,6 +179,29 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             parser.close()
 
     asyncio.run(main())
+
+
+def test_the_worker_process_goes_when_its_router_dies_however_it_dies():
+    """A router killed outright (SIGKILL, the OOM killer) leaves no parser process behind."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = ("import asyncio, sys, time\n"
+              "from esr_extproc.body_parser import BodyParser\n"
+              "async def main():\n"
+              "    print(await BodyParser().start(), flush=True)\n"
+              "    time.sleep(600)\n"
+              "asyncio.run(main())\n")
+    router = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(router.stdout.readline())
+        assert _running(worker)
+    finally:
+        router.kill()
+        router.wait(30)
+    wait_for(lambda: not _running(worker), 30, f"parser process {worker} gone after its router was killed")
 
 
 # What is read from agent traffic: the user's own words, never tool calls, tool results or harness text.
