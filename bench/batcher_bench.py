@@ -156,7 +156,7 @@ async def run_workload(
 
     # The three throughputs the targets compare are measured `repeats` times, interleaved, so a
     # noisy moment on a shared machine hits one trial rather than one side of a ratio. Each runs
-    # with no other torch thread pool alive (a batcher's included: see model/torch_threads.py).
+    # with no other torch thread pool alive (a batcher's included: see esr_model/torch_threads.py).
     trials: dict[str, list] = {"ceiling": [], "unbatched_c64": [], "batcher_c64": []}
     for _ in range(repeats):
         trials["ceiling"].append({"throughput_rps": round(await on_own_thread(offline_ceiling), 1)})
@@ -207,7 +207,7 @@ async def running_batcher(enc: SentenceEncoder, settings: BatcherSettings):
     batcher.start()
     await batcher.started()
     gc.collect()
-    gc.freeze()  # as the server does once it is up (app/server.py)
+    gc.freeze()  # as the server does once it is up (esr_app/server.py)
     try:
         yield (lambda text: batcher.embed(text, time.monotonic() + FAR)), stats
     finally:
@@ -216,7 +216,7 @@ async def running_batcher(enc: SentenceEncoder, settings: BatcherSettings):
 
 async def main_async(args) -> dict:
     enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
-    await on_own_thread(enc.warmup)  # not on this thread: see model/torch_threads.py
+    await on_own_thread(enc.warmup)  # not on this thread: see esr_model/torch_threads.py
     settings = BatcherSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens)
     rows, checks = [], {}
     for name in args.workloads:

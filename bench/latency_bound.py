@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     enc = SentenceEncoder(EncoderConfig(device=args.device, cpu_bf16=args.cpu_bf16))
-    costs = asyncio.run(on_own_thread(batch_costs_ms, enc))  # a thread that exits: see model/torch_threads.py
+    costs = asyncio.run(on_own_thread(batch_costs_ms, enc))  # a thread that exits: see esr_model/torch_threads.py
     ceiling = 64 / costs[64] * 1000
     rows = [{"workload": "short", "scenario": f"cost_of_batch_{n}", "p50_ms": round(ms, 2), "mean_batch": n}
             for n, ms in costs.items()]

@@ -4,7 +4,7 @@ unique prompts; trials interleaved, so all see the same machine. The variants:
 
   torch              encoder.backend torch on asyncio's loop: the router before ONNX and uvloop
   onnx_fp32          the default: ONNX Runtime, the fp32 export, uvloop
-  onnx_int8          encoder.precision int8 (model/quantize.py), uvloop
+  onnx_int8          encoder.precision int8 (esr_model/quantize.py), uvloop
   onnx_fp32_asyncio  the default on asyncio's loop: what uvloop alone changes
 
     python -m bench.runtime_bench [--trials 2] [--seconds 8] [--variants ...] [--out result.json]

@@ -175,7 +175,7 @@ def _is_conversations(path: Path) -> bool:
 
 
 def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterConfig:
-    """The config with its encoder fine-tuned on `data` (tuning/finetune.py), saved beside --out."""
+    """The config with its encoder fine-tuned on `data` (esr_tuning/finetune.py), saved beside --out."""
     import logging
 
     from esr_app.embedding import runtime

@@ -57,7 +57,7 @@ class SentenceEncoder(TunedEncoder):
         self.device = resolve_device(config.device)
         budget = cpu_quota.detect()
         # Fixed when configured; otherwise up to the CPUs the process may really use, the count
-        # measured batch by batch (model/thread_policy.py).
+        # measured batch by batch (esr_model/thread_policy.py).
         self.cpu_threads = config.cpu_threads or budget.cpus
         self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None and self.device == "cpu" else None
         with single_threaded():  # the loading thread must not keep a torch thread pool (see torch_threads)
@@ -89,7 +89,7 @@ class SentenceEncoder(TunedEncoder):
 
     def _apply_threads(self, n: int) -> None:
         # torch's intra-op thread count is per calling thread: set where the model runs, and only
-        # there (model/torch_threads.py says why).
+        # there (esr_model/torch_threads.py says why).
         self._torch.set_num_threads(n)
 
     def _synchronize(self) -> None:

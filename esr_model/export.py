@@ -1,6 +1,6 @@
 """Exports a sentence-transformers model to ONNX in its own directory, fp32 and int8 per token
-(model/quantize.py): torch at build time, so serving needs only ONNX Runtime and the tokenizer
-(model/onnx_encoder.py). Both graphs are checked before they replace an older export.
+(esr_model/quantize.py): torch at build time, so serving needs only ONNX Runtime and the tokenizer
+(esr_model/onnx_encoder.py). Both graphs are checked before they replace an older export.
 """
 
 from __future__ import annotations

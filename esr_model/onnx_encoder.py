@@ -1,4 +1,4 @@
-"""A sentence-transformers model's ONNX export (model/export.py) run by ONNX Runtime on the CPU, with
+"""A sentence-transformers model's ONNX export (esr_model/export.py) run by ONNX Runtime on the CPU, with
 the model's own fast tokenizer: serving on this imports neither torch nor sentence-transformers.
 
 Why ONNX Runtime (README, "Model runtime", measured against TorchScript and OpenVINO): a single
@@ -97,7 +97,7 @@ class OnnxEncoder(TunedEncoder):
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3  # errors only: its warnings are not structured logs
         # Pool threads spinning between ops would burn CPU that the event loop, a neighbour or a CFS
-        # quota needs (torch's libgomp pools showed it: model/thread_policy.py). Not yet measured here.
+        # quota needs (torch's libgomp pools showed it: esr_model/thread_policy.py). Not yet measured here.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(self._path, opts, providers=["CPUExecutionProvider"])
 

@@ -1,5 +1,5 @@
 """What every local model runtime shares: padding a batch, the thread count measured batch by batch
-(model/thread_policy.py), offline encoding in length order, and warm-up."""
+(esr_model/thread_policy.py), offline encoding in length order, and warm-up."""
 
 from __future__ import annotations
 

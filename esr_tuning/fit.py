@@ -175,7 +175,7 @@ def fit(
 
 def with_calibration(config: RouterConfig, examples: Examples, default_share: float | None,
                      notes: list[str]) -> RouterConfig:
-    """`config` with the confidence map fitted on `examples` (tuning/calibration.py) for traffic that
+    """`config` with the confidence map fitted on `examples` (esr_tuning/calibration.py) for traffic that
     is `default_share` the default route's (None: the examples' own mix), noted with its figures."""
     calibration = calibrate(examples, default_share)
     calibrator = Calibrator(calibration)

@@ -1,4 +1,4 @@
-"""model/quantize.py on a small graph: per-token int8 keeps each row's result independent of the
+"""esr_model/quantize.py on a small graph: per-token int8 keeps each row's result independent of the
 other rows (a huge row beside it changes nothing), stays close to fp32, and smoothing evens out an
 outlier channel that per-token scales alone lose precision to."""
 
