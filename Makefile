@@ -61,7 +61,7 @@ image-venv: $(IMAGE_VENV)
 # Lint (ruff: pyflakes and pycodestyle errors) over everything the project ships or runs, and a type
 # check (mypy) of the product's rooms, where the Backend / Embedder / Observer protocols are checked
 # against what implements them. Both configured in pyproject.toml.
-ROOMS := esr_app esr_config esr_extproc esr_model esr_modelsock esr_remote esr_settings esr_tuning batching filters router
+ROOMS := esr_app esr_cache esr_config esr_extproc esr_model esr_modelsock esr_remote esr_settings esr_tuning batching filters router
 check: $(STAMP)
 	$(VENV)/bin/ruff check $(ROOMS) devstack bench tests examples
 	$(VENV)/bin/mypy $(ROOMS)

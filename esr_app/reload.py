@@ -16,7 +16,7 @@ from esr_config import RouterConfig, load_config
 log = logging.getLogger(__name__)
 
 # Sections a running process cannot swap: they shape the model and the sockets.
-RESTART_ONLY = ("encoder", "batching", "server")
+RESTART_ONLY = ("encoder", "batching", "server", "cache")
 
 
 class ConfigReloader:

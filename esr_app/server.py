@@ -24,6 +24,7 @@ from esr_app.lifecycle import serve_until_signal
 from esr_app.embedding import BackendFactory, start_batcher
 from esr_app.reload import ConfigReloader
 from esr_app.routing_build import build_serving
+from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
 from esr_extproc.service import ExtProcService, Serving
 from filters.chain import FilterChain
@@ -65,7 +66,7 @@ class RouterServer:
         self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()
         self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
-        self.ext_proc = ExtProcService(self.process)
+        self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.metrics_port = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching import BatcherSettings
+from esr_cache.config import CacheConfig
 from esr_extproc.config import BackendConfig, EnvoyConfig, ServerConfig
 from esr_model.config import ModelConfig
 from esr_remote.config import RemoteEncoderConfig
@@ -38,6 +39,7 @@ class RouterConfig(RoutingConfig):
     backends: tuple[BackendConfig, ...] = ()
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     log_prompts: bool = False  # prompts are user data: off unless debugging
+    cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (README, "Response cache")
 
     def __post_init__(self):
         super().__post_init__()

@@ -52,7 +52,17 @@ def _strip(spoofed: bool) -> pb.HeadersResponse:
     return pb.HeadersResponse(response=_STRIP_AND_REROUTE if spoofed else _STRIP_ROUTER_HEADERS)
 
 
-def headers_continue(spoofed: bool) -> pb.ProcessingResponse:
+# Envoy replaces its whole processing mode with an override: every phase is named.
+_PM = processing_mode_pb2.ProcessingMode
+_WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
+                      response_header_mode=_PM.SEND, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
+
+
+def headers_continue(spoofed: bool, watch_response: bool = False) -> pb.ProcessingResponse:
+    """`watch_response`: Envoy also sends the response's headers and its body as it streams through
+    (the response cache keeps it); asked for at the headers phase, the only one where Envoy takes it."""
+    if watch_response:
+        return pb.ProcessingResponse(request_headers=_strip(spoofed), mode_override=_WATCH_RESPONSE)
     return pb.ProcessingResponse(request_headers=_strip(spoofed))
 
 
@@ -83,13 +93,14 @@ def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tupl
     return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
 
 
-def immediate(reply: ImmediateReply, headers: Mapping[str, str]) -> pb.ProcessingResponse:
+def immediate(reply: ImmediateReply, headers: Mapping[str, str],
+              details: str = "semantic_router_rejected") -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=reply.status),
             headers=pb.HeaderMutation(set_headers=_set({**reply.headers, **headers})),
             body=reply.body,
-            details="semantic_router_rejected",
+            details=details,
         )
     )
 

@@ -18,8 +18,9 @@ from esr_extproc import encodings, replies
 from esr_extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
 from filters.builtin import openai_error
 from filters.chain import FilterChain
-from filters.context import RequestContext
+from filters.context import ImmediateReply, RequestContext
 from router.config import RequestsConfig
+from esr_cache.cache import ResponseCache, opted_out
 from esr_extproc.request_body import BadBody, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
@@ -27,6 +28,9 @@ from router.engine import RoutingEngine
 from esr_extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
 
 log = logging.getLogger(__name__)
+
+# The requests whose answers the response cache keeps (the chat completions API).
+CACHED_PATH = "/v1/chat/completions"
 
 # Headers the body answer may add (the six router headers, content-length) plus one spare.
 HEADER_HEADROOM = 8
@@ -57,7 +61,8 @@ def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
 class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
-    __slots__ = ("started", "path", "method", "headers", "body", "encoding")
+    __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
+                 "answer_bytes", "answer_type", "sent_at")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -68,6 +73,14 @@ class _Stream:
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []  # chunks; BUFFERED mode sends one, joined without a copy
         self.encoding: str | None = None  # the body's content-encoding, one encodings.inflate reads
+        # The response cache: the tenant of a cacheable request (None: not cacheable), the key its
+        # answer is kept under once it comes back (None: not to be kept), the answer's chunks.
+        self.cache_tenant: str | None = None
+        self.cache_key: str | None = None
+        self.answer: list[bytes] = []
+        self.answer_bytes = 0
+        self.answer_type = ""
+        self.sent_at = 0.0
 
     @property
     def llm_call(self) -> bool:
@@ -95,8 +108,9 @@ class Serving(NamedTuple):
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, process: str = "router"):
+    def __init__(self, process: str = "router", cache: ResponseCache | None = None):
         self._streams = metrics.STREAMS.labels(process)
+        self.cache = cache  # None: no response cache
         # Swapped whole by a config reload (serve) without touching requests in flight. None until
         # the first engine is built.
         self.serving: Serving | None = None
@@ -134,6 +148,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     yield await self._on_body(stream)
                 else:
                     yield replies.body_continue()
+            elif kind == "response_headers" and stream.cache_key is not None:
+                yield self._on_response_headers(request.response_headers, stream)
+            elif kind == "response_body" and stream.cache_key is not None:
+                yield self._on_response_body(request.response_body, stream)
             else:
                 answer = replies.pass_through(kind)
                 if answer is not None:
@@ -179,6 +197,14 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
                 return self._answer(None, current.engine.default("invalid_body"), current, at_headers=True)
+        if self.cache is not None and stream.path == CACHED_PATH:
+            if opted_out(h):
+                self.cache.skipped("no_store")
+            else:
+                # Its answer may be kept: Envoy is asked now (the only time it takes a new mode) to
+                # show the router the response too, streamed through as it comes.
+                stream.cache_tenant = self.cache.tenant(h)
+                return replies.headers_continue(spoofed, watch_response=True)
         return replies.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
@@ -199,9 +225,54 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return _refuse(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
             response = self._answer(None, engine.default("invalid_body"), current)
         else:
-            response = self._answer(ctx, await self._run_chain(ctx, engine, current.chain), current)
+            decision = await self._run_chain(ctx, engine, current.chain)
+            hit = self._from_cache(ctx, decision, stream)
+            response = hit if hit is not None else self._answer(ctx, decision, current)
         metrics.PROCESSING.observe(time.perf_counter() - started)
+        stream.sent_at = time.monotonic()
         return response
+
+    def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream) -> pb.ProcessingResponse | None:
+        """A cached answer to this request, or None; on a miss the stream remembers where its answer goes."""
+        if self.cache is None or stream.cache_tenant is None or ctx.immediate is not None:
+            return None
+        if ctx.unread is not None or not isinstance(ctx.body.get("messages"), list):
+            self.cache.skipped("unread_body")
+            return None
+        key = self.cache.key(stream.cache_tenant, decision.model, ctx.body)
+        hit = self.cache.lookup(key, stream=ctx.body.get("stream") is True)
+        if hit is None:
+            stream.cache_key = key
+            return None
+        body, headers = hit
+        metrics.REQUESTS.labels("cache_hit").inc()
+        route = {ROUTE: decision.route, SELECTED_MODEL: decision.model, REASON: decision.reason}
+        return replies.immediate(ImmediateReply(200, body, headers), route, details="semantic_cache_hit")
+
+    def _on_response_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
+        h = replies.header_map(headers)
+        if h.get(":status") != "200" or h.get("content-encoding", "identity") not in ("", "identity"):
+            assert self.cache is not None
+            self.cache.skipped("not_ok")
+            stream.cache_key = None  # errors and encoded answers are passed on, never kept
+        else:
+            stream.answer_type = h.get("content-type", "")
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+    def _on_response_body(self, chunk: pb.HttpBody, stream: _Stream) -> pb.ProcessingResponse:
+        cache = self.cache
+        assert cache is not None and stream.cache_key is not None
+        stream.answer_bytes += len(chunk.body)
+        if stream.answer_bytes > cache.config.max_entry_bytes:
+            cache.skipped("too_large")
+            stream.cache_key, stream.answer = None, []
+        else:
+            stream.answer.append(chunk.body)
+            if chunk.end_of_stream:
+                cache.keep(stream.cache_key, b"".join(stream.answer), stream.answer_type,
+                           time.monotonic() - stream.sent_at)
+                stream.cache_key, stream.answer = None, []
+        return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
     async def _context(self, stream: _Stream, raw: bytes, serving: Serving, deadline: float) -> RequestContext:
         """What the filters see. A body above requests.max_body_bytes is not read (only its model is

@@ -15,13 +15,14 @@ ALLOWED = {
     "batching": {"esr_settings"},
     "router": {"batching", "esr_settings"},
     "filters": {"router", "batching", "esr_settings"},
-    "esr_extproc": {"filters", "router", "batching", "esr_settings"},
+    "esr_cache": {"esr_settings"},
+    "esr_extproc": {"esr_cache", "filters", "router", "batching", "esr_settings"},
     "esr_model": {"batching", "esr_settings"},
     "esr_remote": {"batching", "esr_settings"},
     "esr_modelsock": {"batching", "esr_settings"},
-    "esr_config": {"router", "esr_extproc", "esr_model", "esr_remote", "batching", "esr_settings"},
+    "esr_config": {"router", "esr_cache", "esr_extproc", "esr_model", "esr_remote", "batching", "esr_settings"},
     "esr_tuning": {"esr_config", "esr_extproc", "filters", "router", "batching", "esr_settings"},
-    "esr_app": {"esr_config", "esr_extproc", "esr_model", "esr_modelsock", "esr_remote", "esr_tuning", "filters",
+    "esr_app": {"esr_cache", "esr_config", "esr_extproc", "esr_model", "esr_modelsock", "esr_remote", "esr_tuning", "filters",
                 "router", "batching", "esr_settings"},
 }
 

@@ -1,0 +1,67 @@
+"""The cache as the ext_proc service uses it: look up a routed request, replay a hit in the shape
+the request asks for, keep an answer once it has come back whole."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Mapping
+
+from esr_cache import answers, metrics
+from esr_cache.config import CacheConfig
+from esr_cache.keys import request_key, tenant_of
+from esr_cache.store import Entry, MemoryStore
+
+log = logging.getLogger(__name__)
+
+OPT_OUT = "x-semantic-cache"  # a request with `x-semantic-cache: bypass` is neither answered nor kept
+
+
+def opted_out(headers: Mapping[str, str]) -> bool:
+    """`cache-control: no-store` (or no-cache) or the opt-out header: the request passes the cache by."""
+    control = headers.get("cache-control", "").lower()
+    return "no-store" in control or "no-cache" in control or headers.get(OPT_OUT, "").lower() == "bypass"
+
+
+class ResponseCache:
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        self.store = MemoryStore(config.max_bytes, config.ttl_s)
+
+    def tenant(self, headers: Mapping[str, str]) -> str:
+        return tenant_of(headers, self.config.tenant_header)
+
+    def key(self, tenant: str, model: str, body: Mapping[str, Any]) -> str:
+        return request_key(tenant, model, body)
+
+    def lookup(self, key: str, stream: bool) -> tuple[bytes, dict[str, str]] | None:
+        """The replay of a hit (body, headers), or None."""
+        entry = self.store.get(key)
+        metrics.LOOKUPS.labels("miss" if entry is None else "hit").inc()
+        if entry is None:
+            return None
+        age = max(0.0, time.time() - entry.stored_at)
+        metrics.HIT_AGE.observe(age)
+        metrics.SAVED.inc(entry.upstream_s)
+        body = answers.as_sse(entry.answer) if stream else answers.as_json(entry.answer)
+        return body, {"content-type": "text/event-stream" if stream else "application/json",
+                      "x-semantic-cache": "hit", "age": str(int(age))}
+
+    def keep(self, key: str, raw: bytes, content_type: str, upstream_s: float) -> None:
+        """Keeps a whole 200 answer (JSON or an event stream) for `key`."""
+        stream = content_type.startswith("text/event-stream")
+        answer = answers.from_sse(raw) if stream else answers.from_json(raw)
+        if answer is None:
+            metrics.SKIPS.labels("cut_short" if _ended_early(raw, stream) else "not_understood").inc()
+            return
+        self.store.put(key, Entry(answer, len(raw), upstream_s))
+        metrics.STORES.inc()
+        metrics.BYTES.set(self.store.bytes)
+
+    @staticmethod
+    def skipped(reason: str) -> None:
+        metrics.SKIPS.labels(reason).inc()
+
+
+def _ended_early(raw: bytes, stream: bool) -> bool:
+    return (stream and not raw.rstrip().endswith(b"[DONE]")) or b'"length"' in raw or b'"content_filter"' in raw

@@ -1,0 +1,32 @@
+"""The `cache:` section."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from esr_settings import require
+
+_HEADER = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Answers of chat completions kept and replayed by the gateway, keyed exactly (keys.py)."""
+
+    enabled: bool = False
+    backend: Literal["memory"] = "memory"  # in this process, bounded, LRU
+    max_bytes: int = 64 * 1024 * 1024  # every entry's answer together
+    max_entry_bytes: int = 1024 * 1024  # a larger answer is passed on, not kept
+    ttl_s: float = 3600.0
+    # Whose answers a request may see: the value of this request header, hashed. None: Authorization
+    # (each API key its own tenant); a request without it shares the anonymous tenant.
+    tenant_header: str | None = None
+
+    def __post_init__(self):
+        require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")
+        require(1024 <= self.max_entry_bytes <= self.max_bytes, "max_entry_bytes", "must be between 1024 and max_bytes")
+        require(self.ttl_s > 0, "ttl_s", "must be positive")
+        require(self.tenant_header is None or bool(_HEADER.match(self.tenant_header)), "tenant_header",
+                "must be a lower-case header name")

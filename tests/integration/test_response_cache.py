@@ -1,0 +1,95 @@
+"""The response cache through the real Envoy, the router and the mock backends, with the official
+`openai` client: the same request twice reaches the backend once, in either shape (JSON or a
+stream), and never across tenants, conversations, opt-outs or errors."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from devstack.stack import stack_with
+from tests.integration.conftest import SESSION_DEADLINE_MS, metric, scrape
+
+
+@pytest.fixture(scope="module")
+def cached_stack(tmp_path_factory, envoy_binary):
+    def cached(config):
+        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["cache"] = {"enabled": True}
+
+    with stack_with(tmp_path_factory.mktemp("cached"), cached) as s:
+        yield s
+
+
+def client(stack, key: str, tenant: str = "sk-tenant-a") -> openai.OpenAI:
+    # x-mock-key: the mock backends count the requests that reach them under it.
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=tenant, max_retries=0,
+                         default_headers={"x-mock-key": key})
+
+
+def ask(stack, key: str, prompt: str, **kw):
+    return client(stack, key, kw.pop("tenant", "sk-tenant-a")).chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def test_the_same_request_twice_reaches_the_backend_once(cached_stack):
+    key, prompt = uuid.uuid4().hex, f"solve the equation 2x + 3 = 11 ({uuid.uuid4().hex[:6]})"
+    first = ask(cached_stack, key, prompt, temperature=0)
+    second = ask(cached_stack, key, prompt, temperature=0)
+    assert "x-semantic-cache" not in first.headers and second.headers["x-semantic-cache"] == "hit"
+    assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
+    assert second.headers["x-semantic-route"] == "math" and int(second.headers["age"]) >= 0
+    assert cached_stack.backends.attempts[key] == 1
+    # Another parameter, another tenant: another answer.
+    ask(cached_stack, key, prompt, temperature=0.5)
+    ask(cached_stack, key, prompt, temperature=0, tenant="sk-tenant-b")
+    assert cached_stack.backends.attempts[key] == 3
+
+
+def test_a_streamed_answer_is_kept_as_it_passes_and_replayed_to_the_sdk(cached_stack):
+    key, prompt = uuid.uuid4().hex, f"write a python function that reverses a list ({uuid.uuid4().hex[:6]})"
+
+    def streamed():
+        chunks = list(client(cached_stack, key).chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": prompt}], stream=True))
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1]
+
+    text, _ = streamed()
+    again, last = streamed()
+    assert again == text and text.startswith("[code-model]")
+    assert cached_stack.backends.attempts[key] == 1
+    # The streamed entry answers the same request unstreamed, too.
+    plain = ask(cached_stack, key, prompt)
+    assert plain.headers["x-semantic-cache"] == "hit" and plain.parse().choices[0].message.content == text
+    assert cached_stack.backends.attempts[key] == 1
+
+
+def test_a_later_turn_hits_only_the_same_conversation(cached_stack):
+    key = uuid.uuid4().hex
+    one = [{"role": "user", "content": "solve 2x = 4"}, {"role": "assistant", "content": "x = 2"}]
+    two = [{"role": "user", "content": "write a python function"}, {"role": "assistant", "content": "def f(): ..."}]
+    follow = {"role": "user", "content": "Yes, please"}
+    for history in (one, two, one):
+        client(cached_stack, key).chat.completions.create(model="auto", messages=[*history, follow])
+    assert cached_stack.backends.attempts[key] == 2  # the third is the first conversation again
+
+
+def test_opt_outs_and_errors_are_never_kept(cached_stack):
+    key, prompt = uuid.uuid4().hex, f"solve 5x = 10 ({uuid.uuid4().hex[:6]})"
+    body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
+    with httpx.Client(base_url=cached_stack.url, timeout=30) as http:
+        for headers in ({"cache-control": "no-store"}, {"x-semantic-cache": "bypass"}):
+            for _ in range(2):
+                assert http.post("/v1/chat/completions", json=body, headers={"x-mock-key": key, **headers}).status_code == 200
+        assert cached_stack.backends.attempts[key] == 4
+        for _ in range(2):
+            failed = http.post("/v1/chat/completions", json=body, headers={"x-mock-key": key, "x-mock-status": "503"})
+            assert failed.status_code == 503 and "x-semantic-cache" not in failed.headers
+        assert cached_stack.backends.attempts[key] == 6
+    text = scrape(cached_stack.metrics_url)
+    assert metric(text, "semantic_router_cache_skips_total", 'reason="no_store"') >= 4
+    assert metric(text, "semantic_router_cache_skips_total", 'reason="not_ok"') >= 2
+    assert metric(text, "semantic_router_cache_lookups_total", 'result="hit"') >= 1

@@ -1,0 +1,111 @@
+"""The response cache's pieces: what is keyed, how answers are kept and replayed, the store's bounds."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from esr_cache import answers
+from esr_cache.cache import ResponseCache, opted_out
+from esr_cache.config import CacheConfig
+from esr_cache.keys import request_key, tenant_of
+from esr_cache.store import Entry, MemoryStore
+from esr_config import ConfigError, parse_config
+
+
+def sse(*chunks, done=True) -> bytes:
+    out = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    return (out + ("data: [DONE]\n\n" if done else "")).encode()
+
+
+def chunk(delta, finish=None, index=0, **extra):
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish}], **extra}
+
+
+def test_the_key_holds_what_can_change_the_answer_and_nothing_of_the_transport():
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    key = request_key("t", "m", body)
+    assert request_key("t", "m", {**body, "stream": True, "stream_options": {"include_usage": True}}) == key
+    assert request_key("t", "m", {**body, "model": "other-alias"}) == key  # the routed model stands for it
+    for other in (request_key("u", "m", body), request_key("t", "m2", body),
+                  request_key("t", "m", {**body, "temperature": 1}),
+                  request_key("t", "m", {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                  request_key("t", "m", {**body, "messages": [{"role": "user", "content": "x"}, *body["messages"]]})):
+        assert other != key
+    assert tenant_of({"authorization": "Bearer a"}, None) != tenant_of({"authorization": "Bearer b"}, None)
+    assert "Bearer" not in tenant_of({"authorization": "Bearer a"}, None)
+    assert tenant_of({"x-team": "a"}, "x-team") != tenant_of({"x-team": "b"}, "x-team")
+
+
+def test_a_stream_adds_up_to_one_answer_replayed_in_either_shape():
+    raw = sse(chunk({"role": "assistant", "content": "Hel"}), chunk({"content": "lo"}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "f", "arguments": "{\"a\""}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}),
+              chunk({}, "tool_calls"), {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                        "choices": [], "usage": {"total_tokens": 3}})
+    answer = answers.from_sse(raw)
+    message = answer["choices"][0]["message"]
+    assert message["content"] == "Hello" and message["tool_calls"][0]["function"] == {"name": "f", "arguments": "{\"a\": 1}"}
+    assert answer["choices"][0]["finish_reason"] == "tool_calls" and answer["usage"] == {"total_tokens": 3}
+    assert answers.from_sse(answers.as_sse(answer)) == answer  # replayed as events, read back the same
+    assert answers.from_json(answers.as_json(answer)) == answer
+    assert answers.as_sse(answer).endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("raw", [
+    sse(chunk({"content": "cut"}), chunk({}, "length")),
+    sse(chunk({"content": "no end"}), chunk({}, "stop"), done=False),
+    sse(chunk({"content": "filtered"}), chunk({}, "content_filter")),
+    b"data: not json\n\ndata: [DONE]\n\n",
+])
+def test_answers_cut_short_or_not_understood_are_not_kept(raw):
+    assert answers.from_sse(raw) is None
+
+
+def test_json_answers_cut_short_are_not_kept():
+    whole = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}]}
+    assert answers.from_json(json.dumps(whole).encode()) == whole
+    cut = {**whole, "choices": [{**whole["choices"][0], "finish_reason": "length"}]}
+    assert answers.from_json(json.dumps(cut).encode()) is None
+    assert answers.from_json(b'{"error": {"message": "no"}}') is None
+
+
+def test_the_store_is_bounded_in_bytes_least_recently_used_out_first_and_forgets_after_its_ttl(monkeypatch):
+    store = MemoryStore(max_bytes=100, ttl_s=60)
+    for k in "abc":
+        store.put(k, Entry({"k": k}, 40, 0.1))
+    assert store.get("a") is None and store.bytes == 80  # a went to make room for c
+    store.get("b")
+    store.put("d", Entry({}, 40, 0.1))
+    assert store.get("c") is None and store.get("b") is not None  # b was used since
+    store.put("huge", Entry({}, 101, 0.1))
+    assert store.get("huge") is None
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + 61)
+    assert store.get("b") is None and store.bytes == 40
+
+
+def test_a_hit_is_replayed_in_the_shape_asked_for():
+    cache = ResponseCache(CacheConfig(enabled=True))
+    raw = sse(chunk({"role": "assistant", "content": "hi"}), chunk({}, "stop"))
+    assert cache.lookup("k", stream=False) is None
+    cache.keep("k", raw, "text/event-stream; charset=utf-8", 0.25)
+    body, headers = cache.lookup("k", stream=False)
+    assert json.loads(body)["choices"][0]["message"]["content"] == "hi" and headers["x-semantic-cache"] == "hit"
+    body, headers = cache.lookup("k", stream=True)
+    assert headers["content-type"] == "text/event-stream" and body.endswith(b"[DONE]\n\n")
+
+
+def test_opt_outs_and_the_section_checks():
+    assert opted_out({"cache-control": "no-store"}) and opted_out({"x-semantic-cache": "bypass"})
+    assert not opted_out({"cache-control": "max-age=0"})
+    base = {"routes": [{"name": "r", "model": "m", "utterances": ["u"]}], "default_route": {"name": "d", "model": "g"}}
+    assert parse_config(base).cache == CacheConfig()  # off unless asked for
+    with pytest.raises(ConfigError, match="cache.backend"):
+        parse_config({**base, "cache": {"backend": "redis"}})
+    with pytest.raises(ConfigError, match="cache.max_entry_bytes"):
+        parse_config({**base, "cache": {"max_bytes": 2048, "max_entry_bytes": 4096}})
