@@ -7,9 +7,12 @@ import logging
 import time
 from typing import Any, Mapping
 
+import numpy as np
+
 from esr_cache import answers, metrics
 from esr_cache.config import CacheConfig
-from esr_cache.keys import request_key, tenant_of
+from esr_cache.keys import last_user_text, request_key, scope_key, tenant_of
+from esr_cache.semantic import SemanticIndex
 from esr_cache.store import Entry, MemoryStore
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,7 @@ class ResponseCache:
     def __init__(self, config: CacheConfig):
         self.config = config
         self.store = MemoryStore(config.max_bytes, config.ttl_s)
+        self.index = SemanticIndex()
 
     def tenant(self, headers: Mapping[str, str]) -> str:
         return tenant_of(headers, self.config.tenant_header)
@@ -34,10 +38,23 @@ class ResponseCache:
     def key(self, tenant: str, model: str, body: Mapping[str, Any]) -> str:
         return request_key(tenant, model, body)
 
-    def lookup(self, key: str, stream: bool) -> tuple[bytes, dict[str, str]] | None:
-        """The replay of a hit (body, headers), or None."""
-        entry = self.store.get(key)
-        metrics.LOOKUPS.labels("miss" if entry is None else "hit").inc()
+    def semantic_turn(self, tenant: str, model: str, route: str, body: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(scope, last user text) when the request may match semantically: its route is one of
+        `semantic_routes` and it ends with a plain user turn."""
+        if route not in self.config.semantic_routes:
+            return None
+        text = last_user_text(body)
+        return (scope_key(tenant, model, body), text) if text else None
+
+    def lookup(self, key: str, stream: bool, scope: str | None = None,
+               vector: np.ndarray | None = None) -> tuple[bytes, dict[str, str]] | None:
+        """The replay of a hit (body, headers), or None: the same request's answer, else (given the
+        scope and the last turn's embedding) the answer to the closest earlier turn in the scope."""
+        entry, match = self.store.get(key), "exact"
+        if entry is None and scope is not None and vector is not None:
+            near = self.index.nearest(scope, vector, self.config.semantic_threshold)
+            entry, match = (self.store.get(near[0]) if near else None), "semantic"
+        metrics.LOOKUPS.labels("miss" if entry is None else ("hit" if match == "exact" else "semantic_hit")).inc()
         if entry is None:
             return None
         age = max(0.0, time.time() - entry.stored_at)
@@ -45,9 +62,10 @@ class ResponseCache:
         metrics.SAVED.inc(entry.upstream_s)
         body = answers.as_sse(entry.answer) if stream else answers.as_json(entry.answer)
         return body, {"content-type": "text/event-stream" if stream else "application/json",
-                      "x-semantic-cache": "hit", "age": str(int(age))}
+                      "x-semantic-cache": "hit", "x-semantic-cache-match": match, "age": str(int(age))}
 
-    def keep(self, key: str, raw: bytes, content_type: str, upstream_s: float) -> None:
+    def keep(self, key: str, raw: bytes, content_type: str, upstream_s: float, scope: str | None = None,
+             vector: np.ndarray | None = None) -> None:
         """Keeps a whole 200 answer (JSON or an event stream) for `key`."""
         stream = content_type.startswith("text/event-stream")
         answer = answers.from_sse(raw) if stream else answers.from_json(raw)
@@ -55,6 +73,8 @@ class ResponseCache:
             metrics.SKIPS.labels("cut_short" if _ended_early(raw, stream) else "not_understood").inc()
             return
         self.store.put(key, Entry(answer, len(raw), upstream_s))
+        if scope is not None and vector is not None:
+            self.index.add(scope, vector, key)
         metrics.STORES.inc()
         metrics.BYTES.set(self.store.bytes)
 

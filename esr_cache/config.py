@@ -23,10 +23,14 @@ class CacheConfig:
     # Whose answers a request may see: the value of this request header, hashed. None: Authorization
     # (each API key its own tenant); a request without it shares the anonymous tenant.
     tenant_header: str | None = None
+    # Semantic matching of the last user turn (semantic.py), on these routes only; none: exact only.
+    semantic_routes: tuple[str, ...] = ()
+    semantic_threshold: float = 0.9  # cosine of the two turns' embeddings (README, "Response cache")
 
     def __post_init__(self):
         require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")
         require(1024 <= self.max_entry_bytes <= self.max_bytes, "max_entry_bytes", "must be between 1024 and max_bytes")
         require(self.ttl_s > 0, "ttl_s", "must be positive")
+        require(-1.0 <= self.semantic_threshold <= 1.0, "semantic_threshold", "must be between -1 and 1")
         require(self.tenant_header is None or bool(_HEADER.match(self.tenant_header)), "tenant_header",
                 "must be a lower-case header name")

@@ -22,6 +22,29 @@ def tenant_of(headers: Mapping[str, str], header: str | None) -> str:
 
 def request_key(tenant: str, model: str, body: Mapping[str, Any]) -> str:
     """The key of a chat completion request routed to `model`."""
+    return _hash([tenant, model, {k: v for k, v in body.items() if k not in _TRANSPORT}])
+
+
+def last_user_text(body: Mapping[str, Any]) -> str | None:
+    """The text of the request's last message when it is the user's, in plain string content (what
+    semantic matching compares); None otherwise (exact matching only)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "user" or not isinstance(content, str) or set(last) - {"role", "content"}:
+        return None
+    return content
+
+
+def scope_key(tenant: str, model: str, body: Mapping[str, Any]) -> str:
+    """Everything of the key but the last user turn's text: the requests a semantic match may join."""
     members = {k: v for k, v in body.items() if k not in _TRANSPORT}
-    canonical = json.dumps([tenant, model, members], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    members["messages"] = list(members["messages"])[:-1]
+    return _hash(["scope", tenant, model, members])
+
+
+def _hash(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()

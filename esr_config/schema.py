@@ -43,6 +43,8 @@ class RouterConfig(RoutingConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        for i, route in enumerate(self.cache.semantic_routes):
+            require(route in self.route_names, f"cache.semantic_routes[{i}]", f"{route!r} is not a route")
         seen_models = set()
         for i, b in enumerate(self.backends):
             require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

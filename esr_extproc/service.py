@@ -11,6 +11,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import AsyncIterator, NamedTuple
 
+import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -24,7 +25,7 @@ from esr_cache.cache import ResponseCache, opted_out
 from esr_extproc.request_body import BadBody, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
-from router.engine import RoutingEngine
+from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "answer_type", "sent_at")
+                 "answer_bytes", "answer_type", "sent_at", "cache_scope", "cache_vector")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -81,6 +82,8 @@ class _Stream:
         self.answer_bytes = 0
         self.answer_type = ""
         self.sent_at = 0.0
+        self.cache_scope: str | None = None  # semantic matching: the scope and last turn's embedding
+        self.cache_vector: np.ndarray | None = None
 
     @property
     def llm_call(self) -> bool:
@@ -226,21 +229,30 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             response = self._answer(None, engine.default("invalid_body"), current)
         else:
             decision = await self._run_chain(ctx, engine, current.chain)
-            hit = self._from_cache(ctx, decision, stream)
+            hit = await self._from_cache(ctx, decision, stream)
             response = hit if hit is not None else self._answer(ctx, decision, current)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         stream.sent_at = time.monotonic()
         return response
 
-    def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream) -> pb.ProcessingResponse | None:
+    async def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream
+                          ) -> pb.ProcessingResponse | None:
         """A cached answer to this request, or None; on a miss the stream remembers where its answer goes."""
-        if self.cache is None or stream.cache_tenant is None or ctx.immediate is not None:
+        cache = self.cache
+        if cache is None or stream.cache_tenant is None or ctx.immediate is not None:
             return None
         if ctx.unread is not None or not isinstance(ctx.body.get("messages"), list):
-            self.cache.skipped("unread_body")
+            cache.skipped("unread_body")
             return None
-        key = self.cache.key(stream.cache_tenant, decision.model, ctx.body)
-        hit = self.cache.lookup(key, stream=ctx.body.get("stream") is True)
+        key = cache.key(stream.cache_tenant, decision.model, ctx.body)
+        turn = cache.semantic_turn(stream.cache_tenant, decision.model, decision.route, ctx.body)
+        if turn is not None:
+            # Routing has usually embedded this turn already: the engine's cache answers.
+            try:
+                stream.cache_scope, stream.cache_vector = turn[0], await ctx.engine.embed(turn[1], ctx.deadline)
+            except RoutingUnavailable:
+                stream.cache_scope = None  # exact matching only, this once
+        hit = cache.lookup(key, ctx.body.get("stream") is True, stream.cache_scope, stream.cache_vector)
         if hit is None:
             stream.cache_key = key
             return None
@@ -270,7 +282,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.answer.append(chunk.body)
             if chunk.end_of_stream:
                 cache.keep(stream.cache_key, b"".join(stream.answer), stream.answer_type,
-                           time.monotonic() - stream.sent_at)
+                           time.monotonic() - stream.sent_at, stream.cache_scope, stream.cache_vector)
                 stream.cache_key, stream.answer = None, []
         return pb.ProcessingResponse(response_body=pb.BodyResponse())
 

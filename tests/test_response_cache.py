@@ -109,3 +109,44 @@ def test_opt_outs_and_the_section_checks():
         parse_config({**base, "cache": {"backend": "redis"}})
     with pytest.raises(ConfigError, match="cache.max_entry_bytes"):
         parse_config({**base, "cache": {"max_bytes": 2048, "max_entry_bytes": 4096}})
+
+
+def test_semantic_scope_is_everything_but_the_last_user_turn():
+    from esr_cache.keys import last_user_text, scope_key
+
+    turn = {"role": "user", "content": "what is your name"}
+    body = {"messages": [{"role": "system", "content": "be brief"}, turn], "temperature": 0}
+    other_turn = {**body, "messages": [body["messages"][0], {"role": "user", "content": "what should I call you"}]}
+    assert scope_key("t", "m", body) == scope_key("t", "m", other_turn)
+    assert scope_key("t", "m", body) != scope_key("t", "m", {**body, "temperature": 1})
+    assert scope_key("t", "m", body) != scope_key("t", "m", {**body, "messages": [turn]})  # another conversation
+    assert scope_key("t", "m", body) != scope_key("u", "m", body)
+    assert last_user_text(body) == "what is your name"
+    assert last_user_text({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}) is None
+    assert last_user_text({"messages": [{"role": "assistant", "content": "x"}]}) is None
+
+
+def test_the_index_finds_the_nearest_earlier_turn_at_the_threshold_and_stays_bounded():
+    import numpy as np
+
+    from esr_cache.semantic import SemanticIndex
+
+    index = SemanticIndex(per_scope=2, scopes=2)
+    e = np.eye(3, dtype=np.float32)
+    index.add("s", e[0], "k0")
+    index.add("s", e[1], "k1")
+    near = (e[0] * 0.96 + e[2] * 0.28)
+    assert index.nearest("s", near, 0.95) == ("k0", pytest.approx(0.96))
+    assert index.nearest("s", near, 0.97) is None and index.nearest("other", near, 0.5) is None
+    index.add("s", e[2], "k2")  # k0, the oldest of the scope, goes
+    assert index.nearest("s", e[0], 0.5) is None
+    index.add("t", e[0], "x")
+    index.add("u", e[0], "y")  # three scopes: s, the least recently added to, goes
+    assert index.nearest("s", e[2], 0.5) is None and index.nearest("u", e[0], 0.5) == ("y", pytest.approx(1.0))
+
+
+def test_semantic_routes_must_be_routes():
+    base = {"routes": [{"name": "r", "model": "m", "utterances": ["u"]}], "default_route": {"name": "d", "model": "g"}}
+    assert parse_config({**base, "cache": {"semantic_routes": ["r", "d"]}}).cache.semantic_routes == ("r", "d")
+    with pytest.raises(ConfigError, match=r"cache.semantic_routes\[0\]"):
+        parse_config({**base, "cache": {"semantic_routes": ["nope"]}})

@@ -93,3 +93,34 @@ def test_opt_outs_and_errors_are_never_kept(cached_stack):
     assert metric(text, "semantic_router_cache_skips_total", 'reason="no_store"') >= 4
     assert metric(text, "semantic_router_cache_skips_total", 'reason="not_ok"') >= 2
     assert metric(text, "semantic_router_cache_lookups_total", 'result="hit"') >= 1
+
+
+@pytest.fixture(scope="module")
+def semantic_stack(tmp_path_factory, envoy_binary):
+    def cached(config):
+        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["cache"] = {"enabled": True, "semantic_routes": ["math"], "semantic_threshold": 0.95}
+
+    with stack_with(tmp_path_factory.mktemp("semantic"), cached) as s:
+        yield s
+
+
+def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(semantic_stack):
+    key, tag = uuid.uuid4().hex, uuid.uuid4().hex[:6]
+    first = ask(semantic_stack, key, f"solve the equation 2x + 3 = 11 {tag}")
+    near = ask(semantic_stack, key, f"please solve the equation 2x + 3 = 11 {tag}")  # cosine ~0.99
+    assert "x-semantic-cache" not in first.headers
+    assert (near.headers["x-semantic-cache"], near.headers["x-semantic-cache-match"]) == ("hit", "semantic")
+    assert near.parse().choices[0].message.content == first.parse().choices[0].message.content
+    assert semantic_stack.backends.attempts[key] == 1
+    ask(semantic_stack, key, f"solve 5x = 10 {tag}")  # another question on the same route
+    ask(semantic_stack, key, f"please solve the equation 2x + 3 = 11 {tag}", tenant="sk-tenant-b")  # another tenant
+    # The same turn after another conversation: another scope.
+    client(semantic_stack, key).chat.completions.create(model="auto", messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": f"please solve the equation 2x + 3 = 11 {tag}"}])
+    assert semantic_stack.backends.attempts[key] == 4
+    # The code route has no semantic matching: a near paraphrase there is a miss.
+    ask(semantic_stack, key, f"write a python function that reverses a list {tag}")
+    code = ask(semantic_stack, key, f"please write a python function that reverses a list {tag}")
+    assert "x-semantic-cache" not in code.headers and semantic_stack.backends.attempts[key] == 6
