@@ -25,7 +25,7 @@ class CacheConfig:
     tenant_header: str | None = None
     # Semantic matching of the last user turn (semantic.py), on these routes only; none: exact only.
     semantic_routes: tuple[str, ...] = ()
-    semantic_threshold: float = 0.9  # cosine of the two turns' embeddings (README, "Response cache")
+    semantic_threshold: float = 0.75  # cosine of the two turns' embeddings (README, "Response cache": measured)
 
     def __post_init__(self):
         require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")

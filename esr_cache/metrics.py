@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-LOOKUPS = Counter("semantic_router_cache_lookups_total", "Cacheable requests looked up, by result (hit, miss).",
+LOOKUPS = Counter("semantic_router_cache_lookups_total", "Cacheable requests looked up, by result (hit, semantic_hit, miss).",
                   ["result"])
 STORES = Counter("semantic_router_cache_stores_total", "Answers kept.")
 SKIPS = Counter("semantic_router_cache_skips_total",

@@ -1,0 +1,124 @@
+"""False hits and paraphrase hits of the response cache's semantic matching, on held-out data.
+
+    python -m bench.cache_study [--out build/bench-cache-study.json]
+
+CLINC150 val (Larson et al., EMNLP 2019, CC BY 3.0; ../shared): every prompt, in a seeded random
+order, is looked up among the earlier ones as the router does (esr_cache: the same scope and index
+code), single-turn, temperature 0, one tenant, routed to its domain's route (its label: routing
+errors aside), semantic matching on the `small_talk` route only. A hit is false when it replays
+an answer made for another text, unless both prompts are of the same intent and that intent's
+answer cannot depend on what the prompt names (FIXED: small talk but fun_fact). A paraphrase hit:
+a prompt of a FIXED intent that takes the answer of an earlier prompt of its intent.
+
+SGD dev (Rastogi et al., AAAI 2020, CC BY-SA 4.0; ../shared): every later user turn sent with the
+conversation so far, semantic matching on every route at the lowest threshold tried: answers made
+for another conversation are counted (the scope holds the conversation: none can be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import numpy as np
+
+from bench.report import emit
+from esr_app.quality_cli import offline
+from esr_cache.keys import scope_key
+from esr_cache.semantic import SemanticIndex
+from esr_config import load_config
+from tests.conftest import ROOT
+
+SHARED = ROOT.parent / "shared" / "data"
+SEMANTIC_ROUTES = ("small_talk",)
+FIXED = {"are_you_a_bot", "do_you_have_pets", "goodbye", "greeting", "how_old_are_you", "meaning_of_life",
+         "tell_joke", "thank_you", "what_are_your_hobbies", "what_can_i_ask_you", "what_is_your_name",
+         "where_are_you_from", "who_do_you_work_for", "who_made_you"}
+THRESHOLDS = (0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
+
+
+def clinc(encode, threshold: float, rows: list[dict], vectors: np.ndarray) -> dict:
+    index, made_for = SemanticIndex(per_scope=100000), {}
+    false = paraphrase = eligible = hits = 0
+    seen_intents: dict[str, set[str]] = {}
+    for i, row in enumerate(rows):
+        route, text, intent = row["label"], row["text"], row["intent"]
+        body = {"messages": [{"role": "user", "content": text}], "temperature": 0}
+        scope = scope_key("tenant", route, body)
+        fixed_earlier = intent in FIXED and intent in seen_intents.get(scope, set())
+        eligible += fixed_earlier
+        if route in SEMANTIC_ROUTES:
+            near = index.nearest(scope, vectors[i], threshold)
+            if near is not None:
+                earlier = made_for[near[0]]
+                if earlier["text"] != text:
+                    hits += 1
+                    same = earlier["intent"] == intent and intent in FIXED
+                    false += not same
+                    paraphrase += same and fixed_earlier
+                    continue  # answered from the cache: nothing new kept
+            index.add(scope, vectors[i], str(i))
+            made_for[str(i)] = row
+        seen_intents.setdefault(scope, set()).add(intent)
+    return {"threshold": threshold, "requests": len(rows), "semantic_hits": hits, "false_hits": false,
+            "false_hit_share": round(false / len(rows), 4), "paraphrase_eligible": eligible,
+            "paraphrase_hits": paraphrase, "paraphrase_hit_share": round(paraphrase / max(1, eligible), 4)}
+
+
+def sgd_cross_conversation(encode, threshold: float, limit: int = 300) -> dict:
+    dialogues = [json.loads(line) for line in open(SHARED / "sgd" / "dev.jsonl")][:limit]
+    index, owner = SemanticIndex(per_scope=100000, scopes=10**6), {}
+    turns = cross = hits = 0
+    texts = sorted({m["content"] for d in dialogues for m in d["messages"] if m["role"] == "user"})
+    vector = dict(zip(texts, encode(texts)))
+    for n, d in enumerate(dialogues):
+        users = [i for i, m in enumerate(d["messages"]) if m["role"] == "user"]
+        for label, at in zip(d["labels"], users[1:]):  # every later user turn, with the conversation so far
+            body = {"messages": d["messages"][: at + 1]}
+            scope = scope_key("tenant", label, body)
+            near = index.nearest(scope, vector[d["messages"][at]["content"]], threshold)
+            turns += 1
+            if near is not None:
+                hits += 1
+                cross += owner[near[0]] != n
+            else:
+                key = f"{n}:{at}"
+                index.add(scope, vector[d["messages"][at]["content"]], key)
+                owner[key] = n
+    return {"threshold": threshold, "dialogues": len(dialogues), "later_turns": turns, "semantic_hits": hits,
+            "answers_from_another_conversation": cross}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.cache_study")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    encoder, _ = offline(load_config(ROOT / "router.yaml"))  # the bundled model, as served
+    rows = [json.loads(line) for line in open(SHARED / "clinc150" / "val.jsonl")]
+    random.Random(args.seed).shuffle(rows)
+    vectors = encoder.encode([r["text"] for r in rows])
+    table = [clinc(encoder.encode, t, rows, vectors) for t in THRESHOLDS]
+    ok = [r for r in table if r["false_hit_share"] <= 0.005]
+    chosen = ok[0] if ok else table[-1]  # the lowest threshold within the false-hit target: the most paraphrases
+    sgd = sgd_cross_conversation(encoder.encode, THRESHOLDS[0])
+    checks = {
+        "CLINC150 false hits <= 0.5% of requests": {
+            "ok": bool(ok), "detail": f"at {chosen['threshold']}: {chosen['false_hits']} of {chosen['requests']}"},
+        "CLINC150 paraphrases hit >= 30%": {
+            "ok": chosen["paraphrase_hit_share"] >= 0.30,
+            "detail": f"at {chosen['threshold']}: {chosen['paraphrase_hits']} of {chosen['paraphrase_eligible']}"},
+        "SGD answers made for another conversation: 0": {
+            "ok": sgd["answers_from_another_conversation"] == 0,
+            "detail": f"{sgd['answers_from_another_conversation']} of {sgd['semantic_hits']} hits, "
+                      f"{sgd['later_turns']} later turns"},
+    }
+    rows_out = [{"workload": "clinc150 val", "scenario": f"threshold {r['threshold']}", **r} for r in table]
+    emit({"rows": rows_out, "checks": checks, "sgd": sgd}, args.out,
+         columns=("scenario", "semantic_hits", "false_hits", "false_hit_share", "paraphrase_hits",
+                  "paraphrase_eligible", "paraphrase_hit_share"))
+
+
+if __name__ == "__main__":
+    main()
