@@ -28,7 +28,9 @@ from esr_app.quality_cli import offline
 from esr_cache.keys import scope_key
 from esr_cache.semantic import SemanticIndex
 from esr_config import load_config
-from tests.conftest import ROOT
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARED = ROOT.parent / "shared" / "data"
 SEMANTIC_ROUTES = ("small_talk",)

@@ -16,6 +16,7 @@ import yaml
 
 # Every room's metrics, registered: what the dashboards and alerts may name.
 import esr_app.metrics  # noqa: F401
+import esr_cache.metrics  # noqa: F401
 import esr_extproc.metrics  # noqa: F401
 import esr_model.metrics  # noqa: F401
 import esr_remote.metrics  # noqa: F401
