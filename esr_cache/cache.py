@@ -3,9 +3,10 @@ the request asks for, keep an answer once it has come back whole."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from esr_cache.config import CacheConfig
 from esr_cache.keys import last_user_text, request_key, scope_key, tenant_of
 from esr_cache.semantic import SemanticIndex
 from esr_cache.store import Entry, MemoryStore
+
+if TYPE_CHECKING:
+    from esr_cache.redis_store import RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +33,42 @@ def opted_out(headers: Mapping[str, str]) -> bool:
 class ResponseCache:
     def __init__(self, config: CacheConfig):
         self.config = config
-        self.store = MemoryStore(config.max_bytes, config.ttl_s)
         self.index = SemanticIndex()
+        self.memory = MemoryStore(config.max_bytes, config.ttl_s)
+        self.shared: RedisStore | None = None  # backend redis: kept there instead
+        if config.backend == "redis":
+            from esr_cache.redis_store import RedisStore
+
+            assert config.redis_url is not None
+            self.shared = RedisStore(config.redis_url, config.ttl_s, config.redis_timeout_ms / 1000.0)
+        self._tasks: set[asyncio.Task] = set()  # writes under way, and the index's follower
+
+    def start(self) -> None:
+        """On the event loop: a shared store's semantic entries start flowing into the index."""
+        if self.shared is not None:
+            self._spawn(self.shared.follow(self.index))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.shared is not None:
+            await self.shared.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _get(self, key: str) -> Entry | None:
+        if self.shared is None:
+            return self.memory.get(key)
+        from esr_cache.redis_store import StoreUnavailable
+
+        try:
+            return await self.shared.get(key)
+        except StoreUnavailable:
+            metrics.SKIPS.labels("store_unavailable").inc()
+            return None
 
     def tenant(self, headers: Mapping[str, str]) -> str:
         return tenant_of(headers, self.config.tenant_header)
@@ -46,14 +84,14 @@ class ResponseCache:
         text = last_user_text(body)
         return (scope_key(tenant, model, body), text) if text else None
 
-    def lookup(self, key: str, stream: bool, scope: str | None = None,
-               vector: np.ndarray | None = None) -> tuple[bytes, dict[str, str]] | None:
+    async def lookup(self, key: str, stream: bool, scope: str | None = None,
+                     vector: np.ndarray | None = None) -> tuple[bytes, dict[str, str]] | None:
         """The replay of a hit (body, headers), or None: the same request's answer, else (given the
         scope and the last turn's embedding) the answer to the closest earlier turn in the scope."""
-        entry, match = self.store.get(key), "exact"
+        entry, match = await self._get(key), "exact"
         if entry is None and scope is not None and vector is not None:
             near = self.index.nearest(scope, vector, self.config.semantic_threshold)
-            entry, match = (self.store.get(near[0]) if near else None), "semantic"
+            entry, match = (await self._get(near[0]) if near else None), "semantic"
         metrics.LOOKUPS.labels("miss" if entry is None else ("hit" if match == "exact" else "semantic_hit")).inc()
         if entry is None:
             return None
@@ -66,17 +104,36 @@ class ResponseCache:
 
     def keep(self, key: str, raw: bytes, content_type: str, upstream_s: float, scope: str | None = None,
              vector: np.ndarray | None = None) -> None:
-        """Keeps a whole 200 answer (JSON or an event stream) for `key`."""
+        """Keeps a whole 200 answer (JSON or an event stream) for `key` (in Redis: written in the
+        background, the answer already on its way)."""
         stream = content_type.startswith("text/event-stream")
         answer = answers.from_sse(raw) if stream else answers.from_json(raw)
         if answer is None:
             metrics.SKIPS.labels("cut_short" if _ended_early(raw, stream) else "not_understood").inc()
             return
-        self.store.put(key, Entry(answer, len(raw), upstream_s))
+        entry = Entry(answer, len(raw), upstream_s)
+        if self.shared is not None:
+            self._spawn(self._put_shared(key, entry, scope, vector))
+            return
+        self.memory.put(key, entry)
         if scope is not None and vector is not None:
             self.index.add(scope, vector, key)
         metrics.STORES.inc()
-        metrics.BYTES.set(self.store.bytes)
+        metrics.BYTES.set(self.memory.bytes)
+
+    async def _put_shared(self, key: str, entry: Entry, scope: str | None, vector: np.ndarray | None) -> None:
+        from esr_cache.redis_store import StoreUnavailable
+
+        assert self.shared is not None
+        try:
+            await self.shared.put(key, entry)
+            if scope is not None and vector is not None:
+                self.index.add(scope, vector, key)
+                await self.shared.publish(scope, vector, key)
+        except StoreUnavailable:
+            metrics.SKIPS.labels("store_unavailable").inc()
+            return
+        metrics.STORES.inc()
 
     @staticmethod
     def skipped(reason: str) -> None:

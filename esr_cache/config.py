@@ -16,7 +16,11 @@ class CacheConfig:
     """Answers of chat completions kept and replayed by the gateway, keyed exactly (keys.py)."""
 
     enabled: bool = False
-    backend: Literal["memory"] = "memory"  # in this process, bounded, LRU
+    # memory: in this process, bounded, LRU. redis: shared by every router that names the same
+    # redis_url (entries expire after ttl_s; Redis's own maxmemory policy bounds it).
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None  # redis://host:6379/0
+    redis_timeout_ms: float = 50.0  # the longest a lookup or a write may wait for Redis
     max_bytes: int = 64 * 1024 * 1024  # every entry's answer together
     max_entry_bytes: int = 1024 * 1024  # a larger answer is passed on, not kept
     ttl_s: float = 3600.0
@@ -31,6 +35,9 @@ class CacheConfig:
         require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")
         require(1024 <= self.max_entry_bytes <= self.max_bytes, "max_entry_bytes", "must be between 1024 and max_bytes")
         require(self.ttl_s > 0, "ttl_s", "must be positive")
+        require(self.backend != "redis" or (self.redis_url or "").startswith(("redis://", "rediss://", "unix://")),
+                "redis_url", "backend redis needs a redis://, rediss:// or unix:// URL")
+        require(self.redis_timeout_ms > 0, "redis_timeout_ms", "must be positive")
         require(-1.0 <= self.semantic_threshold <= 1.0, "semantic_threshold", "must be between -1 and 1")
         require(self.tenant_header is None or bool(_HEADER.match(self.tenant_header)), "tenant_header",
                 "must be a lower-case header name")

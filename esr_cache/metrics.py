@@ -9,7 +9,7 @@ LOOKUPS = Counter("semantic_router_cache_lookups_total", "Cacheable requests loo
 STORES = Counter("semantic_router_cache_stores_total", "Answers kept.")
 SKIPS = Counter("semantic_router_cache_skips_total",
                 "Requests or answers the cache passed by, by reason (no_store, not_ok, cut_short, too_large, "
-                "unread_body, not_understood).", ["reason"])
+                "unread_body, not_understood, store_unavailable).", ["reason"])
 BYTES = Gauge("semantic_router_cache_bytes", "Bytes of answers held.", multiprocess_mode="livesum")
 HIT_AGE = Histogram("semantic_router_cache_hit_age_seconds", "How old a replayed answer was.",
                     buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600))

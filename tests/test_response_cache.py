@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -92,11 +93,11 @@ def test_the_store_is_bounded_in_bytes_least_recently_used_out_first_and_forgets
 def test_a_hit_is_replayed_in_the_shape_asked_for():
     cache = ResponseCache(CacheConfig(enabled=True))
     raw = sse(chunk({"role": "assistant", "content": "hi"}), chunk({}, "stop"))
-    assert cache.lookup("k", stream=False) is None
+    assert asyncio.run(cache.lookup("k", stream=False)) is None
     cache.keep("k", raw, "text/event-stream; charset=utf-8", 0.25)
-    body, headers = cache.lookup("k", stream=False)
+    body, headers = asyncio.run(cache.lookup("k", stream=False))
     assert json.loads(body)["choices"][0]["message"]["content"] == "hi" and headers["x-semantic-cache"] == "hit"
-    body, headers = cache.lookup("k", stream=True)
+    body, headers = asyncio.run(cache.lookup("k", stream=True))
     assert headers["content-type"] == "text/event-stream" and body.endswith(b"[DONE]\n\n")
 
 
@@ -105,7 +106,7 @@ def test_opt_outs_and_the_section_checks():
     assert not opted_out({"cache-control": "max-age=0"})
     base = {"routes": [{"name": "r", "model": "m", "utterances": ["u"]}], "default_route": {"name": "d", "model": "g"}}
     assert parse_config(base).cache == CacheConfig()  # off unless asked for
-    with pytest.raises(ConfigError, match="cache.backend"):
+    with pytest.raises(ConfigError, match="cache.redis_url"):
         parse_config({**base, "cache": {"backend": "redis"}})
     with pytest.raises(ConfigError, match="cache.max_entry_bytes"):
         parse_config({**base, "cache": {"max_bytes": 2048, "max_entry_bytes": 4096}})

@@ -1,0 +1,100 @@
+"""Answers kept in Redis, so that the routers of a deployment share them, and the semantic index's
+entries passed between routers through a Redis stream (each router keeps its own index in process,
+fed from the stream). Redis down or slow costs a request at most `timeout_s`, once: the store is
+then left alone for a second (StoreUnavailable at once), and requests route and reach their
+backends as without a cache."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import redis.asyncio as redis
+
+from esr_cache.semantic import SemanticIndex
+from esr_cache.store import Entry
+
+log = logging.getLogger(__name__)
+
+_PAUSE_S = 1.0  # after a failure, how long the store is not tried
+_INDEX_STREAM = "index"
+_INDEX_MAXLEN = 100_000
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer in time (or at all): the cache is skipped for this request."""
+
+
+class RedisStore:
+    def __init__(self, url: str, ttl_s: float, timeout_s: float, prefix: str = "esr:cache:"):
+        self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
+        self.prefix = prefix
+        self.url = url
+        self._client = redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._down_until = 0.0
+
+    async def get(self, key: str) -> Entry | None:
+        raw = await self._call(self._client.get(self.prefix + key))
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        return Entry(data["answer"], data["size"], data["upstream_s"], data["stored_at"])
+
+    async def put(self, key: str, entry: Entry) -> None:
+        data = {"answer": entry.answer, "size": entry.size, "upstream_s": entry.upstream_s, "stored_at": entry.stored_at}
+        await self._call(self._client.set(self.prefix + key, json.dumps(data), ex=max(1, int(self.ttl_s))))
+
+    async def publish(self, scope: str, vector: np.ndarray, key: str) -> None:
+        fields: dict[Any, Any] = {"scope": scope, "key": key,
+                                  "vector": base64.b64encode(np.asarray(vector, np.float32).tobytes())}
+        await self._call(self._client.xadd(self.prefix + _INDEX_STREAM, fields, maxlen=_INDEX_MAXLEN,
+                                           approximate=True))
+
+    async def follow(self, index: SemanticIndex) -> None:
+        """Feeds `index` with every router's entries from the stream, from the oldest kept on; runs
+        until cancelled, waiting out Redis when it is away."""
+        # A connection of its own: it waits on the stream far longer than a lookup may.
+        client = redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=1.0)
+        last = "0-0"
+        try:
+            while True:
+                try:
+                    reply: Any = await client.xread({self.prefix + _INDEX_STREAM: last}, count=1000, block=1000)
+                except (redis.RedisError, OSError, asyncio.TimeoutError):
+                    await asyncio.sleep(_PAUSE_S)
+                    continue
+                last = self._feed(index, reply, last)
+        finally:
+            await client.aclose()
+
+    @staticmethod
+    def _feed(index: SemanticIndex, reply: Any, last: str) -> str:
+        for _stream, records in reply or []:
+            for record_id, fields in records:
+                last = record_id
+                vector = np.frombuffer(base64.b64decode(fields[b"vector"]), np.float32)
+                index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode())
+        return last
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _call(self, command):
+        if time.monotonic() < self._down_until:
+            command.close()  # never awaited: the coroutine is dropped
+            raise StoreUnavailable("paused after a failure")
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await command
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            if time.monotonic() >= self._down_until:
+                log.warning("response cache store unavailable: skipped for %.0f s", _PAUSE_S,
+                            extra={"error": type(exc).__name__})
+            self._down_until = time.monotonic() + _PAUSE_S
+            raise StoreUnavailable(type(exc).__name__) from None
