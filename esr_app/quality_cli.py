@@ -64,6 +64,21 @@ def _data_errors(*kinds: type[Exception]):
         raise SystemExit(2) from None
 
 
+def _semantic_cache_report(config: RouterConfig, classifier, encoder, data, embeddings) -> dict | None:
+    """The response cache's semantic matching on this data (esr_tuning.cache_tuning), when the config
+    turns it on for some route and the data has intents; None otherwise."""
+    from esr_tuning.cache_tuning import semantic_report
+    from esr_tuning.evaluation import decide_labelled, routed_texts_of
+
+    if not config.cache.semantic or data.intents is None:
+        return None
+    routes = [d.route for d in decide_labelled(config, classifier, data.texts, embeddings)]
+    # The cache compares the turn as sent (its plain text), not the routed text: the same unless cut.
+    same = routed_texts_of(config, data.texts) == list(data.texts)
+    vectors = embeddings if same else encoder.encode(list(data.texts))
+    return semantic_report(routes, data.texts, data.intents, vectors, set(config.cache.semantic))
+
+
 def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
     from esr_tuning.evaluation import decide_labelled, evaluate
 
@@ -156,6 +171,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         encoder, classifier = offline(config)
         embeddings = encoder.encode(routed_texts_of(config, data.texts))
         report = _report(classifier, embeddings, data, config)
+        semantic = _semantic_cache_report(config, classifier, encoder, data, embeddings)
+        if semantic is not None:
+            report["cache"] = semantic
         page = {"scores": classifier.scores(embeddings)[:, : len(config.routes)], "labels": data.labels,
                 "routes": [r.name for r in config.routes], "thresholds": classifier.thresholds}
     print(json.dumps(report) if args.json else format_report(report, config.default_route.name))
@@ -272,7 +290,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
             embeddings = encoder.encode(routed_texts_of(config, data.texts))
         result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
                      **options)
-        after = _report(RouteClassifier(result.config, encoder.encode, head=result.head), embeddings, data, result.config)
+        fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
+        after = _report(fitted_classifier, embeddings, data, result.config)
+        semantic = _semantic_cache_report(result.config, fitted_classifier, encoder, data, embeddings)
+        if semantic is not None:
+            # Each semantic route's threshold: the lowest that keeps its false hits in bounds here.
+            result.notes.append(f"response cache: semantic thresholds {semantic['tuned_thresholds']} "
+                                f"(false hits at most {semantic['max_false_share']:.1%} of a route's requests)")
+            tuned = {**result.config.cache.semantic_thresholds, **semantic["tuned_thresholds"]}
+            result = dataclasses.replace(result, config=replace_at(result.config, "cache", semantic_thresholds=tuned))
 
     fitted, head_file = result.config, args.out.with_suffix(".head.npz")
     if result.head is not None:

@@ -79,18 +79,18 @@ class ResponseCache:
     def semantic_turn(self, tenant: str, model: str, route: str, body: Mapping[str, Any]) -> tuple[str, str] | None:
         """(scope, last user text) when the request may match semantically: its route is one of
         `semantic_routes` and it ends with a plain user turn."""
-        if route not in self.config.semantic_routes:
+        if route not in self.config.semantic:
             return None
         text = last_user_text(body)
         return (scope_key(tenant, model, body), text) if text else None
 
-    async def lookup(self, key: str, stream: bool, scope: str | None = None,
-                     vector: np.ndarray | None = None) -> tuple[bytes, dict[str, str]] | None:
+    async def lookup(self, key: str, stream: bool, scope: str | None = None, vector: np.ndarray | None = None,
+                     threshold: float | None = None) -> tuple[bytes, dict[str, str]] | None:
         """The replay of a hit (body, headers), or None: the same request's answer, else (given the
         scope and the last turn's embedding) the answer to the closest earlier turn in the scope."""
         entry, match = await self._get(key), "exact"
         if entry is None and scope is not None and vector is not None:
-            near = self.index.nearest(scope, vector, self.config.semantic_threshold)
+            near = self.index.nearest(scope, vector, self.config.semantic_threshold if threshold is None else threshold)
             entry, match = (await self._get(near[0]) if near else None), "semantic"
         metrics.LOOKUPS.labels("miss" if entry is None else ("hit" if match == "exact" else "semantic_hit")).inc()
         if entry is None:

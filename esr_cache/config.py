@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from esr_settings import require
@@ -30,6 +30,17 @@ class CacheConfig:
     # Semantic matching of the last user turn (semantic.py), on these routes only; none: exact only.
     semantic_routes: tuple[str, ...] = ()
     semantic_threshold: float = 0.75  # cosine of the two turns' embeddings (README, "Response cache": measured)
+    # Route -> its own threshold (written by `fit` on data with intents); a route named here needs
+    # no entry in semantic_routes.
+    semantic_thresholds: dict = field(default_factory=dict)
+
+    @property
+    def semantic(self) -> frozenset[str]:
+        """The routes with semantic matching."""
+        return frozenset(self.semantic_routes) | frozenset(self.semantic_thresholds)
+
+    def threshold_of(self, route: str) -> float:
+        return float(self.semantic_thresholds.get(route, self.semantic_threshold))
 
     def __post_init__(self):
         require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")
@@ -39,5 +50,8 @@ class CacheConfig:
                 "redis_url", "backend redis needs a redis://, rediss:// or unix:// URL")
         require(self.redis_timeout_ms > 0, "redis_timeout_ms", "must be positive")
         require(-1.0 <= self.semantic_threshold <= 1.0, "semantic_threshold", "must be between -1 and 1")
+        for route, value in self.semantic_thresholds.items():
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and -1.0 <= value <= 1.0,
+                    f"semantic_thresholds.{route}", "must be a number between -1 and 1")
         require(self.tenant_header is None or bool(_HEADER.match(self.tenant_header)), "tenant_header",
                 "must be a lower-case header name")

@@ -45,6 +45,8 @@ class RouterConfig(RoutingConfig):
         super().__post_init__()
         for i, route in enumerate(self.cache.semantic_routes):
             require(route in self.route_names, f"cache.semantic_routes[{i}]", f"{route!r} is not a route")
+        for route in self.cache.semantic_thresholds:
+            require(route in self.route_names, f"cache.semantic_thresholds.{route}", f"{route!r} is not a route")
         seen_models = set()
         for i, b in enumerate(self.backends):
             require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

@@ -252,7 +252,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 stream.cache_scope, stream.cache_vector = turn[0], await ctx.engine.embed(turn[1], ctx.deadline)
             except RoutingUnavailable:
                 stream.cache_scope = None  # exact matching only, this once
-        hit = await cache.lookup(key, ctx.body.get("stream") is True, stream.cache_scope, stream.cache_vector)
+        hit = await cache.lookup(key, ctx.body.get("stream") is True, stream.cache_scope, stream.cache_vector,
+                                 cache.config.threshold_of(decision.route))
         if hit is None:
             stream.cache_key = key
             return None

@@ -70,3 +70,21 @@ def test_eval_rejects_unknown_labels(data, tmp_path):
     out = cli("eval", "--config", str(data / "clinc.yaml"), "--data", str(bad))
     assert out.returncode == 2
     assert "bad.jsonl:1: label 'nope'" in out.stderr
+
+
+def test_eval_and_fit_measure_and_tune_the_caches_semantic_thresholds(data, tmp_path):
+    raw = yaml.safe_load((data / "clinc.yaml").read_text())
+    raw["cache"] = {"enabled": True, "semantic_routes": ["small_talk"]}
+    source = tmp_path / "cached.yaml"
+    source.write_text(yaml.safe_dump(raw))
+    ev = cli("eval", "--config", str(source), "--data", str(data / "val.jsonl"), "--json")
+    assert ev.returncode == 0, ev.stderr
+    cache = json.loads(ev.stdout)["cache"]
+    rows = cache["routes"]["small_talk"]
+    assert [r["threshold"] for r in rows] == sorted(r["threshold"] for r in rows) and rows[0]["requests"] > 0
+    assert all(r["false_share"] <= cache["max_false_share"] for r in rows if r["threshold"] >= cache["tuned_thresholds"]["small_talk"])
+    out_cfg = tmp_path / "tuned.yaml"
+    fit = cli("fit", "--config", str(source), "--data", str(data / "train.jsonl"), "--out", str(out_cfg))
+    assert fit.returncode == 0, fit.stderr
+    assert "response cache: semantic thresholds" in fit.stdout
+    assert 0.5 <= load_config(out_cfg).cache.semantic_thresholds["small_talk"] <= 1.0

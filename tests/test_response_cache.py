@@ -151,3 +151,29 @@ def test_semantic_routes_must_be_routes():
     assert parse_config({**base, "cache": {"semantic_routes": ["r", "d"]}}).cache.semantic_routes == ("r", "d")
     with pytest.raises(ConfigError, match=r"cache.semantic_routes\[0\]"):
         parse_config({**base, "cache": {"semantic_routes": ["nope"]}})
+
+
+def test_semantic_thresholds_are_tuned_per_route_within_the_false_hit_bound():
+    import numpy as np
+
+    from esr_tuning.cache_tuning import semantic_report
+
+    # Route "chat": two intents far apart, paraphrases within each; route "facts": its two intents
+    # sit close (0.9), so only a threshold above that keeps them apart.
+    def unit(*v):
+        v = np.asarray(v, dtype=np.float32)
+        return v / np.linalg.norm(v)
+
+    texts, intents, routes, vectors = [], [], [], []
+    for i in range(20):
+        for intent, base in (("name", (1, 0, 0, 0)), ("joke", (0, 1, 0, 0))):
+            texts.append(f"{intent} {i}"), intents.append(intent), routes.append("chat")
+            vectors.append(unit(*base) * 0.97 + unit(0, 0, 1, 0) * 0.03 * (i % 3))
+        for intent, base in (("paris", (0, 0, 0, 1)), ("rome", (0, 0, 0.45, 0.9))):
+            texts.append(f"{intent} {i}"), intents.append(intent), routes.append("facts")
+            vectors.append(unit(*base))
+    report = semantic_report(routes, texts, intents, np.stack([unit(*v) for v in vectors]), {"chat", "facts"})
+    assert report["tuned_thresholds"]["chat"] == 0.5  # every hit a paraphrase, at any threshold
+    assert report["tuned_thresholds"]["facts"] == 0.9  # paris and rome at cosine ~0.89 apart
+    chat = {r["threshold"]: r for r in report["routes"]["chat"]}
+    assert chat[0.5]["false_hits"] == 0 and chat[0.5]["paraphrase_share"] > 0.9
