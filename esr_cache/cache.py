@@ -102,14 +102,14 @@ class ResponseCache:
         return body, {"content-type": "text/event-stream" if stream else "application/json",
                       "x-semantic-cache": "hit", "x-semantic-cache-match": match, "age": str(int(age))}
 
-    def keep(self, key: str, raw: bytes, content_type: str, upstream_s: float, scope: str | None = None,
+    def keep(self, key: str, raw: bytes, upstream_s: float, scope: str | None = None,
              vector: np.ndarray | None = None) -> None:
         """Keeps a whole 200 answer (JSON or an event stream) for `key` (in Redis: written in the
         background, the answer already on its way)."""
-        stream = content_type.startswith("text/event-stream")
+        stream = raw.lstrip().startswith(b"data:")  # server-sent events, else a JSON body
         answer = answers.from_sse(raw) if stream else answers.from_json(raw)
         if answer is None:
-            metrics.SKIPS.labels("cut_short" if _ended_early(raw, stream) else "not_understood").inc()
+            metrics.SKIPS.labels(_why_not(raw, stream)).inc()
             return
         entry = Entry(answer, len(raw), upstream_s)
         if self.shared is not None:
@@ -140,5 +140,11 @@ class ResponseCache:
         metrics.SKIPS.labels(reason).inc()
 
 
-def _ended_early(raw: bytes, stream: bool) -> bool:
-    return (stream and not raw.rstrip().endswith(b"[DONE]")) or b'"length"' in raw or b'"content_filter"' in raw
+def _why_not(raw: bytes, stream: bool) -> str:
+    """Why an answer is not kept: an error (an `error` object), cut short, or not a chat completion
+    at all (another API's, a compressed body)."""
+    if not stream and raw.lstrip().startswith(b"{") and b'"error"' in raw[:256]:
+        return "not_ok"
+    if (stream and not raw.rstrip().endswith(b"[DONE]")) or b'"length"' in raw or b'"content_filter"' in raw:
+        return "cut_short"
+    return "not_understood"

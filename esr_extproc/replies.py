@@ -54,13 +54,15 @@ def _strip(spoofed: bool) -> pb.HeadersResponse:
 
 # Envoy replaces its whole processing mode with an override: every phase is named.
 _PM = processing_mode_pb2.ProcessingMode
+# The response's headers are not needed (what is kept must read as a whole chat completion, which
+# no error or encoded body does): one message less per cacheable request.
 _WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
-                      response_header_mode=_PM.SEND, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
+                      response_header_mode=_PM.SKIP, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
 
 
 def headers_continue(spoofed: bool, watch_response: bool = False) -> pb.ProcessingResponse:
-    """`watch_response`: Envoy also sends the response's headers and its body as it streams through
-    (the response cache keeps it); asked for at the headers phase, the only one where Envoy takes it."""
+    """`watch_response`: Envoy also sends the response's body as it streams through (the response
+    cache keeps it); asked for at the headers phase, the only one where Envoy takes it."""
     if watch_response:
         return pb.ProcessingResponse(request_headers=_strip(spoofed), mode_override=_WATCH_RESPONSE)
     return pb.ProcessingResponse(request_headers=_strip(spoofed))

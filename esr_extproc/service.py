@@ -63,7 +63,7 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "answer_type", "sent_at", "cache_scope", "cache_vector")
+                 "answer_bytes", "sent_at", "cache_scope", "cache_vector")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -80,7 +80,6 @@ class _Stream:
         self.cache_key: str | None = None
         self.answer: list[bytes] = []
         self.answer_bytes = 0
-        self.answer_type = ""
         self.sent_at = 0.0
         self.cache_scope: str | None = None  # semantic matching: the scope and last turn's embedding
         self.cache_vector: np.ndarray | None = None
@@ -151,8 +150,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     yield await self._on_body(stream)
                 else:
                     yield replies.body_continue()
-            elif kind == "response_headers" and stream.cache_key is not None:
-                yield self._on_response_headers(request.response_headers, stream)
             elif kind == "response_body" and stream.cache_key is not None:
                 yield self._on_response_body(request.response_body, stream)
             else:
@@ -262,16 +259,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         route = {ROUTE: decision.route, SELECTED_MODEL: decision.model, REASON: decision.reason}
         return replies.immediate(ImmediateReply(200, body, headers), route, details="semantic_cache_hit")
 
-    def _on_response_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
-        h = replies.header_map(headers)
-        if h.get(":status") != "200" or h.get("content-encoding", "identity") not in ("", "identity"):
-            assert self.cache is not None
-            self.cache.skipped("not_ok")
-            stream.cache_key = None  # errors and encoded answers are passed on, never kept
-        else:
-            stream.answer_type = h.get("content-type", "")
-        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-
     def _on_response_body(self, chunk: pb.HttpBody, stream: _Stream) -> pb.ProcessingResponse:
         cache = self.cache
         assert cache is not None and stream.cache_key is not None
@@ -282,7 +269,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         else:
             stream.answer.append(chunk.body)
             if chunk.end_of_stream:
-                cache.keep(stream.cache_key, b"".join(stream.answer), stream.answer_type,
+                cache.keep(stream.cache_key, b"".join(stream.answer),
                            time.monotonic() - stream.sent_at, stream.cache_scope, stream.cache_vector)
                 stream.cache_key, stream.answer = None, []
         return pb.ProcessingResponse(response_body=pb.BodyResponse())

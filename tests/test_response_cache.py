@@ -94,7 +94,7 @@ def test_a_hit_is_replayed_in_the_shape_asked_for():
     cache = ResponseCache(CacheConfig(enabled=True))
     raw = sse(chunk({"role": "assistant", "content": "hi"}), chunk({}, "stop"))
     assert asyncio.run(cache.lookup("k", stream=False)) is None
-    cache.keep("k", raw, "text/event-stream; charset=utf-8", 0.25)
+    cache.keep("k", raw, 0.25)
     body, headers = asyncio.run(cache.lookup("k", stream=False))
     assert json.loads(body)["choices"][0]["message"]["content"] == "hi" and headers["x-semantic-cache"] == "hit"
     body, headers = asyncio.run(cache.lookup("k", stream=True))
@@ -177,3 +177,19 @@ def test_semantic_thresholds_are_tuned_per_route_within_the_false_hit_bound():
     assert report["tuned_thresholds"]["facts"] == 0.9  # paris and rome at cosine ~0.89 apart
     chat = {r["threshold"]: r for r in report["routes"]["chat"]}
     assert chat[0.5]["false_hits"] == 0 and chat[0.5]["paraphrase_share"] > 0.9
+
+
+def test_what_is_not_a_whole_completion_is_not_kept_and_the_metric_says_why():
+    from esr_cache import metrics
+
+    cache = ResponseCache(CacheConfig(enabled=True))
+
+    def skipped(reason):
+        return metrics.SKIPS.labels(reason)._value.get()
+
+    before = {r: skipped(r) for r in ("not_ok", "cut_short", "not_understood")}
+    cache.keep("e", b'{"error": {"message": "overloaded"}}', 0.1)
+    cache.keep("c", sse(chunk({"content": "cut"}), chunk({}, "length")), 0.1)
+    cache.keep("z", b"\x1f\x8b\x08\x00 compressed", 0.1)
+    assert {r: skipped(r) - before[r] for r in before} == {"not_ok": 1, "cut_short": 1, "not_understood": 1}
+    assert len(cache.memory) == 0
