@@ -61,7 +61,6 @@ class RouterServer:
         self._backend_factory = backend_factory
         self.pool_worker = pool_worker
         self.config = config
-        self.config_path = config_path
         self.backend: Backend | None = None
         self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()

@@ -1,37 +1,62 @@
 """An answer is kept as one chat.completion object, whichever way it came (a JSON body or a stream
 of server-sent events), and replayed in the way the hit asks for: a streamed request gets events
 the OpenAI SDKs accept, ending with `data: [DONE]`. An answer cut short (finish_reason `length` or
-`content_filter`, a stream without [DONE]) or not understood is not kept (None)."""
+`content_filter`, a stream without [DONE]), an error or what is not understood is not kept: `read`
+says which."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-# Why a choice may end and still be a whole answer.
+# Why a choice may end and still be a whole answer; and why it ends early.
 _COMPLETE = frozenset({"stop", "tool_calls", "function_call"})
+_CUT = frozenset({"length", "content_filter"})
+
+Read = tuple[dict | None, str]  # the answer and "", or None and why not: not_ok, cut_short, not_understood
+
+
+def read(raw: bytes) -> Read:
+    """An answer body as it came back: server-sent events, else JSON."""
+    return _sse(raw) if raw.lstrip().startswith(b"data:") else _json(raw)
 
 
 def from_json(raw: bytes) -> dict | None:
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(answer, dict) or answer.get("object") != "chat.completion":
-        return None
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return None
-    if not all(isinstance(c, dict) and c.get("finish_reason") in _COMPLETE for c in choices):
-        return None
-    return answer
+    return _json(raw)[0]
 
 
 def from_sse(raw: bytes) -> dict | None:
     """The chat.completion a stream of chat.completion.chunk events adds up to."""
+    return _sse(raw)[0]
+
+
+def _ended(finish_reasons: list) -> str:
+    """"" when every choice ended whole, else why not."""
+    if all(r in _COMPLETE for r in finish_reasons):
+        return ""
+    return "cut_short" if any(r in _CUT for r in finish_reasons) else "not_understood"
+
+
+def _json(raw: bytes) -> Read:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return None, "not_understood"
+    if isinstance(answer, dict) and "error" in answer:
+        return None, "not_ok"
+    if not isinstance(answer, dict) or answer.get("object") != "chat.completion":
+        return None, "not_understood"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        return None, "not_understood"
+    why = _ended([c.get("finish_reason") for c in choices])
+    return (None, why) if why else (answer, "")
+
+
+def _sse(raw: bytes) -> Read:
     events = [line[5:].strip() for line in raw.decode("utf-8", "replace").splitlines() if line.startswith("data:")]
     if not events or events[-1] != "[DONE]":
-        return None
+        return None, "cut_short"
     head: dict[str, Any] = {}
     choices: dict[int, dict] = {}
     usage = None
@@ -39,7 +64,7 @@ def from_sse(raw: bytes) -> dict | None:
         for event in events[:-1]:
             chunk = json.loads(event)
             if chunk.get("object") != "chat.completion.chunk":
-                return None
+                return None, "not_understood"
             for key in ("id", "created", "model", "system_fingerprint"):
                 if key in chunk and key not in head:
                     head[key] = chunk[key]
@@ -61,9 +86,10 @@ def from_sse(raw: bytes) -> dict | None:
                 if part.get("finish_reason"):
                     choice["finish_reason"] = part["finish_reason"]
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if not choices or not all(c["finish_reason"] in _COMPLETE for c in choices.values()):
-        return None
+        return None, "not_understood"
+    why = _ended([c["finish_reason"] for c in choices.values()]) if choices else "not_understood"
+    if why:
+        return None, why
     answer: dict[str, Any] = {**head, "object": "chat.completion", "choices": []}
     for index in sorted(choices):
         c = choices[index]
@@ -73,7 +99,7 @@ def from_sse(raw: bytes) -> dict | None:
         answer["choices"].append({"index": index, "message": message, "finish_reason": c["finish_reason"]})
     if usage is not None:
         answer["usage"] = usage
-    return answer
+    return answer, ""
 
 
 def as_json(answer: dict) -> bytes:

@@ -14,7 +14,7 @@ from esr_cache import answers, metrics
 from esr_cache.config import CacheConfig
 from esr_cache.keys import last_user_text, request_key, scope_key, tenant_of
 from esr_cache.semantic import SemanticIndex
-from esr_cache.store import Entry, MemoryStore
+from esr_cache.store import Entry, MemoryStore, StoreUnavailable
 
 if TYPE_CHECKING:
     from esr_cache.redis_store import RedisStore
@@ -62,8 +62,6 @@ class ResponseCache:
     async def _get(self, key: str) -> Entry | None:
         if self.shared is None:
             return self.memory.get(key)
-        from esr_cache.redis_store import StoreUnavailable
-
         try:
             return await self.shared.get(key)
         except StoreUnavailable:
@@ -106,10 +104,9 @@ class ResponseCache:
              vector: np.ndarray | None = None) -> None:
         """Keeps a whole 200 answer (JSON or an event stream) for `key` (in Redis: written in the
         background, the answer already on its way)."""
-        stream = raw.lstrip().startswith(b"data:")  # server-sent events, else a JSON body
-        answer = answers.from_sse(raw) if stream else answers.from_json(raw)
+        answer, why = answers.read(raw)
         if answer is None:
-            metrics.SKIPS.labels(_why_not(raw, stream)).inc()
+            metrics.SKIPS.labels(why).inc()
             return
         entry = Entry(answer, len(raw), upstream_s)
         if self.shared is not None:
@@ -122,8 +119,6 @@ class ResponseCache:
         metrics.BYTES.set(self.memory.bytes)
 
     async def _put_shared(self, key: str, entry: Entry, scope: str | None, vector: np.ndarray | None) -> None:
-        from esr_cache.redis_store import StoreUnavailable
-
         assert self.shared is not None
         try:
             await self.shared.put(key, entry)
@@ -138,13 +133,3 @@ class ResponseCache:
     @staticmethod
     def skipped(reason: str) -> None:
         metrics.SKIPS.labels(reason).inc()
-
-
-def _why_not(raw: bytes, stream: bool) -> str:
-    """Why an answer is not kept: an error (an `error` object), cut short, or not a chat completion
-    at all (another API's, a compressed body)."""
-    if not stream and raw.lstrip().startswith(b"{") and b'"error"' in raw[:256]:
-        return "not_ok"
-    if (stream and not raw.rstrip().endswith(b"[DONE]")) or b'"length"' in raw or b'"content_filter"' in raw:
-        return "cut_short"
-    return "not_understood"

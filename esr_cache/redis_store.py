@@ -17,17 +17,13 @@ import numpy as np
 import redis.asyncio as redis
 
 from esr_cache.semantic import SemanticIndex
-from esr_cache.store import Entry
+from esr_cache.store import Entry, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 _PAUSE_S = 1.0  # after a failure, how long the store is not tried
 _INDEX_STREAM = "index"
 _INDEX_MAXLEN = 100_000
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer in time (or at all): the cache is skipped for this request."""
 
 
 class RedisStore:

@@ -8,6 +8,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
+class StoreUnavailable(Exception):
+    """A shared store did not answer in time (or at all): the cache is skipped for this request."""
+
+
 @dataclass
 class Entry:
     answer: dict  # a chat.completion object (answers.py)

@@ -229,7 +229,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             hit = await self._from_cache(ctx, decision, stream)
             response = hit if hit is not None else self._answer(ctx, decision, current)
         metrics.PROCESSING.observe(time.perf_counter() - started)
-        stream.sent_at = time.monotonic()
+        if stream.cache_key is not None:
+            stream.sent_at = time.monotonic()  # what the backend takes from here is what a hit saves
         return response
 
     async def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream
