@@ -15,7 +15,7 @@ $(STAMP): requirements.lock pyproject.toml
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
 # directory; re-made only when the weights change (esr_model/location.py).
 MODELS := $(VENV)/.models
-$(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py
+$(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py
 	$(PY) -m esr_app export --config router.yaml
 	touch $(MODELS)
 

@@ -21,7 +21,7 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 EXPORT_DIR = "onnx"
 EXPORT_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}  # by encoder.precision
 EXPORT_SOURCE = "source.json"
-EXPORT_FORMAT = 2  # bumped when the exported graphs' inputs, outputs or files change (2: the int8 model)
+EXPORT_FORMAT = 3  # bumped when the exported graphs' inputs, outputs or files change (3: int8 by CPU)
 
 
 def resolve_model(spec: str) -> str:
@@ -63,9 +63,18 @@ def export_source(model_dir: str | Path) -> dict:
     return {"format": EXPORT_FORMAT, "weights_sha256": weights_digest(model_dir)}
 
 
-def export_is_current(model_dir: str | Path) -> bool:
+def export_record(model_dir: str | Path) -> dict:
+    """source.json: what the export was made from, and its int8 graph's format and CPU (or why it has none)."""
     try:
-        recorded = json.loads((Path(model_dir) / EXPORT_DIR / EXPORT_SOURCE).read_text())
+        record = json.loads((Path(model_dir) / EXPORT_DIR / EXPORT_SOURCE).read_text())
     except (OSError, ValueError):
-        return False
-    return all(export_path(model_dir, p).is_file() for p in EXPORT_FILES) and recorded == export_source(model_dir)
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def export_is_current(model_dir: str | Path) -> bool:
+    record = export_record(model_dir)
+    int8 = record.get("int8")
+    return (export_path(model_dir).is_file() and isinstance(int8, dict)
+            and ("format" not in int8 or export_path(model_dir, "int8").is_file())
+            and {k: record.get(k) for k in ("format", "weights_sha256")} == export_source(model_dir))

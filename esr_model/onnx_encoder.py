@@ -17,8 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from esr_model import cpu_quota
-from esr_model.location import export_is_current, export_path, resolve_model
+from esr_settings import ConfigError
+
+from esr_model import cpu_quota, int8_kernels
+from esr_model.location import export_is_current, export_path, export_record, resolve_model
 from esr_model.thread_policy import ThreadTuner
 from esr_model.truncation import Keep, cut_ids
 from esr_model.tuned import TunedEncoder
@@ -60,7 +62,7 @@ class OnnxEncoder(TunedEncoder):
             export_now(config.model, model_dir)
         self._ort = ort
         self.precision = "int8" if config.precision == "int8" else "fp32"
-        self._path = str(export_path(model_dir, self.precision))
+        self._path = str(int8_export(config.model, model_dir) if self.precision == "int8" else export_path(model_dir))
         self.on_cpu = True
         self.device = "cpu"
         budget = cpu_quota.detect()
@@ -124,6 +126,27 @@ def export_now(spec: str, model_dir: Path) -> None:
                          f"not installed to make one ({EXPORT_HINT}, where torch is), or set encoder.backend: torch")
     log.warning("encoder.model has no current ONNX export: exporting it now", extra={"model": spec})
     export(str(model_dir))
+
+
+def int8_export(spec: str, model_dir: Path) -> Path:
+    """The int8 graph, where the export made one and this CPU computes its format exactly (the image's
+    build stage may have run on another CPU than the node's); otherwise a ConfigError that says why."""
+    record = export_record(model_dir).get("int8") or {}
+    here = int8_kernels.this_cpu()
+    fmt = record.get("format")
+    if fmt not in int8_kernels.FORMATS:
+        raise ConfigError(f"encoder.precision: int8 is unavailable for {spec!r}: its export made no int8 graph "
+                          f"({record.get('unavailable', 'no record')}; exported on {record.get('cpu', 'an unknown CPU')}). "
+                          "Use precision fp32 (the default)")
+    if not int8_kernels.is_exact(fmt):
+        raise ConfigError(f"encoder.precision: int8: {spec!r}'s int8 graph is {fmt} (made on "
+                          f"{record.get('cpu', 'an unknown CPU')}), which ONNX Runtime does not compute exactly on "
+                          f"this CPU ({here.cpu}: {here.why}). Re-export it on this CPU ({EXPORT_HINT}) or use "
+                          "precision fp32")
+    if fmt != here.format:
+        log.info("the int8 export is exact here, though made for another CPU: re-exporting here would be faster",
+                 extra={"format": fmt, "exported_on": record.get("cpu"), "cpu": here.cpu, "best_format": here.format})
+    return export_path(model_dir, "int8")
 
 
 def _probe(pad_id: int) -> tuple[np.ndarray, np.ndarray]:
