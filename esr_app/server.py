@@ -98,46 +98,50 @@ class RouterServer:
         # checked that the port was free).
         self.grpc = server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
                                                       ("grpc.so_reuseport", int(self.pool_worker is not None))])
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
-        FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
-        self.ext_proc.start()  # its worker process starts while the model loads
-        if self.ext_proc.cache is not None:
-            self.ext_proc.cache.start()
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
-        # A pool's worker listens only once it can route: while it starts, its siblings take the
-        # connections the kernel would otherwise hand it.
-        if self.pool_worker is None:
-            await self._listen(server)
-        self.embedder = await self._start_embedder()
-        # torch, transformers and the model leave hundreds of thousands of long-lived objects: every
-        # full collection walked them all holding the GIL (which the model thread needs between
-        # ops), a latency spike every few seconds of traffic. Frozen, they are never scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
-        gc.collect()
-        gc.freeze()
-        self._activate(self.config, await build_serving(self.config, self.embedder, None))
-        await self._set_health(self._serving_status())
-        if self.pool_worker is not None:
-            await self._listen(server)
-        if self.reloader is not None and self.config.server.watch_config_s > 0:
-            self._spawn(self.reloader.watch(self.config.server.watch_config_s))
-        self._spawn(process_watch.update_process_gauges(self.process))
-        self._spawn(process_watch.watch_loop_lag(self.process))
-        log.info(
-            "router serving",
-            extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
-                   "device": getattr(self.backend, "device", "n/a"),
-                   "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]},
-        )
+        try:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+            ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
+            FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
+            self.ext_proc.start()  # its worker process starts while the model loads
+            if self.ext_proc.cache is not None:
+                self.ext_proc.cache.start()
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
+            # A pool's worker listens only once it can route: while it starts, its siblings take the
+            # connections the kernel would otherwise hand it.
+            if self.pool_worker is None:
+                await self._listen(server)
+            self.embedder = await self._start_embedder()
+            # torch, transformers and the model leave hundreds of thousands of long-lived objects: every
+            # full collection walked them all holding the GIL (which the model thread needs between
+            # ops), a latency spike every few seconds of traffic. Frozen, they are never scanned again. Frozen before the engine is built, so a reload's old engine stays collectable.
+            gc.collect()
+            gc.freeze()
+            self._activate(self.config, await build_serving(self.config, self.embedder, None))
+            await self._set_health(self._serving_status())
+            if self.pool_worker is not None:
+                await self._listen(server)
+            if self.reloader is not None and self.config.server.watch_config_s > 0:
+                self._spawn(self.reloader.watch(self.config.server.watch_config_s))
+            self._spawn(process_watch.update_process_gauges(self.process))
+            self._spawn(process_watch.watch_loop_lag(self.process))
+            log.info(
+                "router serving",
+                extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,
+                       "device": getattr(self.backend, "device", "n/a"),
+                       "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]},
+            )
+        except BaseException:
+            # a start that fails (a config error found as the model loads) leaves no listener, worker
+            # or metrics port behind, and no gRPC server for a closed event loop to complain about
+            await self._close(grace=0)
+            raise
 
     async def _listen(self, server: grpc.aio.Server) -> None:
         cfg = self.config.server
         try:
             self.grpc_port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
         except RuntimeError as exc:
-            if self._metrics_http is not None:
-                self._metrics_http.shutdown()
             raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
                             "(another router running?)") from exc
         await server.start()
@@ -220,9 +224,14 @@ class RouterServer:
         self._stopping = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         for task in list(self._tasks):
-            task.cancel()
+            task.cancel()  # the reloader and gauges stop at once; the listener goes after the delay
         await asyncio.sleep(self.config.server.shutdown_delay_s)
-        grace = self.config.server.shutdown_grace_s
+        await self._close(self.config.server.shutdown_grace_s)
+        log.info("router stopped")
+
+    async def _close(self, grace: float) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self.grpc is not None:
             await self.grpc.stop(grace)
         if self.embedder is not None:
@@ -232,7 +241,6 @@ class RouterServer:
             await self.ext_proc.cache.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
-        log.info("router stopped")
 
     def on_sighup(self) -> asyncio.Task:
         return self._spawn(self.reload("sighup"))

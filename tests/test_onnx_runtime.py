@@ -31,8 +31,8 @@ def onnx(request):
     return OnnxEncoder(EncoderConfig(backend="onnx", precision=request.param, cpu_threads=2))
 
 
-# int8 against torch, per vector: the bundled model's lowest on CLINC150 val prompts is 0.994
-CLOSEST = {"fp32": 0.9999, "int8": 0.98}
+# int8 against torch, per vector, on these prompts and the hostile ones (CLINC150 val: tests/test_int8_export.py)
+CLOSEST = {"fp32": 0.9999, "int8": 0.99}
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from esr_model import int8_kernels
 from esr_model.quantize import activation_ranges, quantize_per_token
 
 RNG = np.random.default_rng(3)
+# Every format this CPU computes exactly (u8u8 everywhere; u8s8 where it has VNNI: tests/test_int8_kernels.py)
+EXACT_HERE = [f for f in int8_kernels.FORMATS if int8_kernels.is_exact(f)]
 W1 = RNG.normal(0, 0.05, (64, 96)).astype(np.float32)
 W2 = RNG.normal(0, 0.05, (96, 32)).astype(np.float32)
 
@@ -57,10 +61,11 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-def test_rows_are_quantized_alone_and_close_to_fp32(tmp_path):
+@pytest.mark.parametrize("fmt", EXACT_HERE)
+def test_rows_are_quantized_alone_and_close_to_fp32(tmp_path, fmt):
     fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     two_layer_model(fp32)
-    assert quantize_per_token(fp32, int8) == 2
+    assert quantize_per_token(fp32, int8, None, fmt) == 2
     ids = RNG.integers(1, 30000, (1, 12))
     alone = run(int8, ids)
     # beside a row whose values are all at the extremes: one scale for the batch would crush ours
@@ -71,15 +76,38 @@ def test_rows_are_quantized_alone_and_close_to_fp32(tmp_path):
     assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops
 
 
-def test_smoothing_moves_an_outlier_channel_into_the_weights(tmp_path):
+@pytest.mark.parametrize("fmt", EXACT_HERE)
+def test_smoothing_moves_an_outlier_channel_into_the_weights(tmp_path, fmt):
     fp32, plain, smoothed = tmp_path / "fp32.onnx", tmp_path / "plain.onnx", tmp_path / "smoothed.onnx"
     two_layer_model(fp32)
     calib = [(RNG.integers(1, 30000, (4, 16)), np.ones((4, 16), np.int64)) for _ in range(4)]
     ranges = activation_ranges(fp32, calib)
     assert set(ranges) == {"x", "hr"} and ranges["x"].argmax() == 5  # the outlier channel is seen
-    quantize_per_token(fp32, plain)
-    quantize_per_token(fp32, smoothed, ranges)
+    quantize_per_token(fp32, plain, None, fmt)
+    quantize_per_token(fp32, smoothed, ranges, fmt)
     ids = RNG.integers(1, 30000, (8, 16))
     want = run(fp32, ids)
     error = {name: 1 - cosine(run(path, ids), want).mean() for name, path in (("plain", plain), ("smoothed", smoothed))}
     assert error["smoothed"] < 0.5 * error["plain"], error
+
+
+@pytest.mark.parametrize("fmt", EXACT_HERE)
+def test_a_skewed_row_is_centred_so_it_uses_every_level(tmp_path, fmt):
+    """Rows all far from zero (as GELU's outputs lean positive): centred on their midpoint they keep
+    their precision, where a scale from the absolute maximum would leave most levels unused."""
+    w = RNG.normal(0, 0.05, (64, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "skewed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    quantize_per_token(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", None, fmt)
+    x = (50 + RNG.normal(0, 1, (8, 64))).astype(np.float32)  # a spread of 1 around 50
+    (got,) = ort.InferenceSession(str(tmp_path / "int8.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want = x @ w
+    # weight rounding bounds what is left: (x - mid) is quantized at ~1/40 of a symmetric scale's step
+    np.testing.assert_allclose(got, x @ (np.round(w / (np.abs(w).max(0) / 127)) * (np.abs(w).max(0) / 127)),
+                               atol=0.02)  # a symmetric scale: 0.12
+    assert cosine(got, want).min() > 0.999
