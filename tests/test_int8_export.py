@@ -54,7 +54,8 @@ def test_where_no_int8_format_is_exact_the_export_makes_fp32_and_says_why(tmp_pa
     here = int8_kernels.this_cpu()
     record = export_record(copy)["int8"]
     assert record["cpu"] == here.cpu and "exact in no format" in record["unavailable"]
-    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # the export's own records (a worker's session stack logs beside it)
+    said = [r for r in caplog.records if r.name.startswith("esr_model") and r.levelno >= logging.WARNING]
     assert [r.getMessage() for r in said] == ["int8 export not made: encoder.precision int8 is unavailable for this model"]
     assert said[0].cpu == here.cpu and here.why in said[0].reason
 
