@@ -13,10 +13,12 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
-# directory; re-made only when the weights change (esr_model/location.py).
+# directory: made again when the code that makes it changes (--force: the export's own staleness
+# check looks at the weights only, esr_model/location.py). Its int8 graph only where this CPU
+# computes int8 exactly (README, "CPU requirements and int8"); fp32 on any CPU.
 MODELS := $(VENV)/.models
 $(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py
-	$(PY) -m esr_app export --config router.yaml
+	$(PY) -m esr_app export --config router.yaml --force
 	touch $(MODELS)
 
 models: $(MODELS)

@@ -8,12 +8,14 @@ tensor one activation scale, so one long or odd prompt moved its neighbours' vec
 alone vs batched); static scales moved them all too far from the model's. Per token, a vector is
 the same alone and in any batch (cosine 1.0000000).
 
-Why each row is centred on its own midpoint before it is scaled: the FFN's second GEMM reads GELU's
-outputs (>= -0.17, up to several), which a symmetric scale spends half its levels on never reaching.
-Centred, a row uses all 255 levels, and the midpoint times the quantized weight's column sums is
-added back after the GEMM (the same product, up to float rounding). On CLINC150 val prompts (bundled model,
-`python -m bench.int8_formats`): mean cosine to fp32 0.9971 -> 0.9989, min 0.994 -> 0.998, for
-~5% of the int8 graph's speed.
+Why a skewed input's rows are centred on their own midpoint before they are scaled: the FFN's second
+GEMM reads GELU's outputs (-0.17 to ~20), which a scale from the row's absolute maximum spends half
+its levels on never reaching. Centred, the row uses all 255 levels, and the midpoint times the
+quantized weight's column sums is added back after the GEMM (the same product, up to float
+rounding). On CLINC150 val prompts (bundled model, u8u8): mean cosine to fp32 0.9971 -> 0.9988, min
+0.994 -> 0.998; centring every input instead gains nothing more (0.99888 / 0.998) and costs ~5% of
+the graph's speed. Which inputs are skewed comes from calibration (`is_skewed`): here, the six GELU
+outputs only.
 
 Why SmoothQuant (Xiao et al. 2023): a few channels of a transformer's LayerNorm outputs are tens of
 times larger than the rest, and with one scale per token they take the int8 range from the others.
@@ -28,9 +30,10 @@ Runtime's MatMulIntegerToFloat takes a scalar (or per-column) input scale; fusio
 extended optimization level treat a per-row scale as per-column and silently give wrong vectors.
 Activations are stored as uint8 around 128; weights are int8 ("u8s8", exact only where
 the CPU has VNNI) or the same levels as uint8 around 128 ("u8u8", exact on every CPU), whichever the
-CPU computes exactly (esr_model/int8_kernels.py). Both keep 8 bits: 7-bit weights, ONNX Runtime's
-other answer to u8s8 saturation, cost 0.989 vs 0.994 min cosine before smoothing. The export's check
-compares with fp32.
+CPU computes exactly (esr_model/int8_kernels.py). Both keep 8 bits. ONNX Runtime's other answers to
+u8s8 saturation fall short of the 0.998 mean: 7-bit weights cost 0.989 vs 0.994 min cosine before
+smoothing; 7-bit inputs (exact u8s8 on AVX2, ~12% faster there than u8u8) gave mean 0.9973, min 0.995.
+The export's check compares with fp32.
 
 Needs the `onnx` package (the torch extra, with the exporter); serving needs only ONNX Runtime.
 """
@@ -46,6 +49,7 @@ from esr_model.int8_kernels import FORMATS, ZERO_POINT
 
 WEIGHT_BITS = 8
 SMOOTHING_ALPHA = 0.5
+SKEWED = 0.1  # is_skewed: the short side under a tenth of the long one
 _EPS = 1e-12
 
 
@@ -71,7 +75,8 @@ def _linear_matmuls(graph) -> list:
 
 
 def activation_ranges(source: str | Path, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per input channel, the largest |value| each weight MatMul's input takes on real tokens."""
+    """Per input channel, the lowest and highest value (rows 0 and 1) each weight MatMul's input
+    takes on real tokens."""
     import onnx
     import onnxruntime as ort
 
@@ -80,13 +85,21 @@ def activation_ranges(source: str | Path, batches: Sequence[tuple[np.ndarray, np
     for name in names:
         model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    ranges = {name: np.zeros(0, np.float32) for name in names}
+    ranges: dict[str, np.ndarray] = {}
     for ids, mask in batches:
         for name, value in zip(names, session.run(names, {"input_ids": ids, "attention_mask": mask})):
             rows = value.reshape(-1, value.shape[-1])[mask.reshape(-1) == 1]  # padding is not traffic
-            top = np.abs(rows).max(axis=0)
-            ranges[name] = top if ranges[name].size == 0 else np.maximum(ranges[name], top)
+            seen = np.stack([rows.min(axis=0), rows.max(axis=0)])
+            ranges[name] = seen if name not in ranges else np.stack([np.minimum(ranges[name][0], seen[0]),
+                                                                     np.maximum(ranges[name][1], seen[1])])
     return ranges
+
+
+def is_skewed(seen: np.ndarray) -> bool:
+    """Whether an input's values lie nearly all on one side of zero (GELU's: -0.17 to ~20), so that a
+    row centred on its midpoint has twice the levels of one scaled by its absolute maximum."""
+    below, above = -float(seen[0].min()), float(seen[1].max())
+    return min(below, above) < SKEWED * max(below, above)
 
 
 def quantize_per_token(source: str | Path, target: str | Path, ranges: dict[str, np.ndarray] | None,
@@ -121,11 +134,12 @@ def quantize_per_token(source: str | Path, target: str | Path, ranges: dict[str,
     for x in {n.input[0] for n in linear} & set(ranges):
         w_max = np.max([np.abs(numpy_helper.to_array(weights[n.input[1]])).max(axis=1)
                         for n in linear if n.input[0] == x], axis=0)
-        smoothing[x] = (np.maximum(ranges[x], 1e-5) ** SMOOTHING_ALPHA
+        smoothing[x] = (np.maximum(np.abs(ranges[x]).max(axis=0), 1e-5) ** SMOOTHING_ALPHA
                         / np.maximum(w_max, 1e-5) ** (1 - SMOOTHING_ALPHA)).astype(np.float32)
 
     nodes: list = []
     quantized_inputs: dict[str, str] = {}  # an activation -> the prefix of its quantized copy
+    centred_inputs: set[str] = set()
     linear_outputs = {n.output[0] for n in linear}  # unique in a graph, unlike wrapper identities
     for node in graph.node:
         if node.output[0] not in linear_outputs:
@@ -150,23 +164,36 @@ def quantize_per_token(source: str | Path, target: str | Path, ranges: dict[str,
             if x in smoothing:
                 nodes.append(helper.make_node("Mul", [x, constant(p + "smooth", 1 / smoothing[x])], [p + "smoothed"]))
                 source_x = p + "smoothed"
-            # Centred on the row's own midpoint, so a skewed row (GELU's outputs: >= -0.17) uses all
-            # 255 levels: mid = (max + min) / 2, scale = (max - min) / 2 / 127,
-            # q = round((x - mid) / scale) + 128, and x W' = (x - mid) W' + mid * colsum(W'), W' the
-            # weight as quantized (the fp32 weight's colsum would add mid times its rounding error).
+            centred = x not in ranges or is_skewed(ranges[x])  # no ranges: nothing says the rows are balanced
             nodes += [
                 helper.make_node("ReduceMax", [source_x], [p + "hi"], axes=[-1], keepdims=1),
                 helper.make_node("ReduceMin", [source_x], [p + "lo"], axes=[-1], keepdims=1),
-                helper.make_node("Add", [p + "hi", p + "lo"], [p + "sum"]),
-                helper.make_node("Mul", [p + "sum", half], [p + "mid"]),
-                helper.make_node("Sub", [p + "hi", p + "mid"], [p + "radius"]),
-                helper.make_node("Max", [p + "radius", eps], [p + "absmax"]),
+            ]
+            if centred:
+                # mid = (max + min) / 2, scale = (max - min) / 2 / 127, q = round((x - mid) / scale) + 128;
+                # x W' = (x - mid) W' + mid colsum(W'), W' the weight as quantized (the fp32 weight's
+                # colsum would add mid times its rounding error)
+                nodes += [
+                    helper.make_node("Add", [p + "hi", p + "lo"], [p + "sum"]),
+                    helper.make_node("Mul", [p + "sum", half], [p + "mid"]),
+                    helper.make_node("Sub", [p + "hi", p + "mid"], [p + "radius"]),
+                    helper.make_node("Max", [p + "radius", eps], [p + "absmax"]),
+                    helper.make_node("Sub", [source_x, p + "mid"], [p + "centred"]),
+                ]
+                source_x = p + "centred"
+            else:  # scale = max|x| over the row's features / 127; q = round(x / scale) + 128
+                nodes += [
+                    helper.make_node("Neg", [p + "lo"], [p + "neg_lo"]),
+                    helper.make_node("Max", [p + "hi", p + "neg_lo", eps], [p + "absmax"]),
+                ]
+            nodes += [
                 helper.make_node("Mul", [p + "absmax", inv127], [p + "scale"]),
                 helper.make_node("Reciprocal", [p + "scale"], [p + "inv_scale"]),
-                helper.make_node("Sub", [source_x, p + "mid"], [p + "centred"]),
-                helper.make_node("Mul", [p + "centred", p + "inv_scale"], [p + "scaled"]),
+                helper.make_node("Mul", [source_x, p + "inv_scale"], [p + "scaled"]),
                 helper.make_node("QuantizeLinear", [p + "scaled", one, zero_point], [p + "q"]),
             ]
+            if centred:
+                centred_inputs.add(x)
             quantized_inputs[x] = p
         p = quantized_inputs[x]
         y = node.output[0]
@@ -174,10 +201,14 @@ def quantize_per_token(source: str | Path, target: str | Path, ranges: dict[str,
             helper.make_node("MatMulIntegerToFloat",
                              [p + "q", wname + "/q", one, wname + "/scale", zero_point, wname + "/zero_point"],
                              [y + "/unscaled"], domain="com.microsoft"),
-            helper.make_node("Mul", [y + "/unscaled", p + "scale"], [y + "/centred"]),
-            helper.make_node("Mul", [p + "mid", constant(wname + "/colsum", (q * w_scale).sum(axis=0).astype(np.float32))], [y + "/offset"]),
-            helper.make_node("Add", [y + "/centred", y + "/offset"], [y]),
         ]
+        if x in centred_inputs:
+            colsum = constant(wname + "/colsum", (q * w_scale).sum(axis=0).astype(np.float32))
+            nodes += [helper.make_node("Mul", [y + "/unscaled", p + "scale"], [y + "/centred"]),
+                      helper.make_node("Mul", [p + "mid", colsum], [y + "/offset"]),
+                      helper.make_node("Add", [y + "/centred", y + "/offset"], [y])]
+        else:
+            nodes.append(helper.make_node("Mul", [y + "/unscaled", p + "scale"], [y]))
     del graph.node[:]
     graph.node.extend(nodes)
     used = {name for node in graph.node for name in node.input}

@@ -11,7 +11,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from esr_model import int8_kernels
-from esr_model.quantize import activation_ranges, quantize_per_token
+from esr_model.quantize import activation_ranges, is_skewed, quantize_per_token
 
 RNG = np.random.default_rng(3)
 # Every format this CPU computes exactly (u8u8 everywhere; u8s8 where it has VNNI: tests/test_int8_kernels.py)
@@ -82,7 +82,8 @@ def test_smoothing_moves_an_outlier_channel_into_the_weights(tmp_path, fmt):
     two_layer_model(fp32)
     calib = [(RNG.integers(1, 30000, (4, 16)), np.ones((4, 16), np.int64)) for _ in range(4)]
     ranges = activation_ranges(fp32, calib)
-    assert set(ranges) == {"x", "hr"} and ranges["x"].argmax() == 5  # the outlier channel is seen
+    assert set(ranges) == {"x", "hr"} and np.abs(ranges["x"]).max(axis=0).argmax() == 5  # the outlier channel is seen
+    assert is_skewed(ranges["hr"]) and not is_skewed(ranges["x"])  # relu outputs: centred; x: scaled by its maximum
     quantize_per_token(fp32, plain, None, fmt)
     quantize_per_token(fp32, smoothed, ranges, fmt)
     ids = RNG.integers(1, 30000, (8, 16))
