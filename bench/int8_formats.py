@@ -26,6 +26,7 @@ from devstack.stack import ROOT
 from esr_model import int8_kernels
 from esr_model.location import export_path, resolve_model
 from esr_model.quantize import activation_ranges, calibration, quantize_per_token
+from esr_model.tuned import pad
 
 CLINC_VAL = ROOT.parent / "shared" / "data" / "clinc150" / "val.jsonl"
 TARGET_MIN, TARGET_MEAN = 0.99, 0.998
@@ -42,16 +43,7 @@ def session(path: Path, threads: int):
 
 
 def batches(tokenizer, texts: list[str], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
-    for i in range(0, len(texts), size):
-        enc = [e.ids[:256] for e in tokenizer.encode_batch(texts[i:i + size])]
-        width = max(map(len, enc))
-        ids = np.zeros((len(enc), width), np.int64)
-        mask = np.zeros_like(ids)
-        for r, row in enumerate(enc):
-            ids[r, :len(row)], mask[r, :len(row)] = row, 1
-        out.append((ids, mask))
-    return out
+    return [pad([e.ids[:256] for e in tokenizer.encode_batch(texts[i:i + size])], 0) for i in range(0, len(texts), size)]
 
 
 def embed(s, work) -> np.ndarray:

@@ -46,6 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_model.int8_kernels import FORMATS, ZERO_POINT
+from esr_model.tuned import pad
 
 WEIGHT_BITS = 8
 SMOOTHING_ALPHA = 0.5
@@ -57,16 +58,7 @@ def calibration(cls_id: int, sep_id: int, low: int, high: int, n: int = 128) -> 
     """Batches of 16 sequences of random vocabulary ids (4-40 between [CLS] and [SEP]), padded with 0."""
     rng = np.random.default_rng(0)
     rows = [[cls_id, *rng.integers(low, high, size=int(rng.integers(4, 41))), sep_id] for _ in range(n)]
-    batches = []
-    for i in range(0, n, 16):
-        chunk = rows[i:i + 16]
-        width = max(map(len, chunk))
-        ids = np.zeros((len(chunk), width), np.int64)
-        mask = np.zeros_like(ids)
-        for r, row in enumerate(chunk):
-            ids[r, :len(row)], mask[r, :len(row)] = row, 1
-        batches.append((ids, mask))
-    return batches
+    return [pad(rows[i:i + 16], 0) for i in range(0, n, 16)]
 
 
 def _linear_matmuls(graph) -> list:
