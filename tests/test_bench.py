@@ -56,3 +56,18 @@ def test_large_body_bench_runs_both_phases(tmp_path):
     quiet, busy = result["rows"]
     assert quiet["throughput_rps"] > 0 and busy["throughput_rps"] > 0 and busy["large_bodies_per_s"] > 0
     assert len(result["checks"]) == 1
+
+
+def test_int8_formats_bench_reports_every_format_and_the_pick(tmp_path):
+    out = tmp_path / "int8.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.int8_formats", "--prompts", "64", "--speed-prompts", "32", "--trials", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["runtime"]: r for r in result["rows"]}
+    assert set(rows) == {"fp32", "u8s8", "u8u8"} and sum(r["picked"] for r in rows.values()) == 1
+    assert all(r["batch 1 prompts/s"] > 0 and r["batch 32 prompts/s"] > 0 for r in rows.values())
+    assert result["cpu"] and len(result["checks"]) == 2
