@@ -146,16 +146,16 @@ class PromptGuard:
         if self._scorer is None:
             return
         if ctx.unread is not None:
-            return self._undecided(ctx, ctx.unread)
+            return self.undecided(ctx, ctx.unread)
         pieces = ctx.guard_pieces
         if not pieces:
             return
         if len(pieces) > self.settings.max_pieces:
-            return self._undecided(ctx, "too_many_pieces")
+            return self.undecided(ctx, "too_many_pieces")
         try:
             found = await ctx.embeddings(pieces)
         except RoutingUnavailable as failed:
-            return self._undecided(ctx, failed.reason)
+            return self.undecided(ctx, failed.reason)
         score = self._scorer.score(np.stack(found))
         if score < self.settings.threshold:
             return
@@ -167,7 +167,9 @@ class PromptGuard:
                 kind="content_filter",
             )
 
-    def _undecided(self, ctx: RequestContext, why: str) -> None:
+    def undecided(self, ctx: RequestContext, why: str) -> None:
+        """Refuses or lets on what the guard could not examine (the chain calls it when the deadline
+        or an error stops the guard before it finished), and counts why."""
         metrics.GUARD_UNDECIDED.labels(why, self.settings.on_error).inc()
         if self.settings.on_error == "block":
             ctx.immediate = openai_error(

@@ -4,11 +4,14 @@ A filter is a class (or factory) taking its settings mapping (`filter_settings.<
 config, {} when absent) and returning an async callable `f(ctx: RequestContext) -> None`. It may
 set headers (`ctx.extra_headers`), change `ctx.body` (setting `ctx.body_changed`), decide the
 route (`ctx.decision`), or stop the chain with `ctx.immediate`. An optional
-`async setup(engine)` runs whenever a routing engine is (re)built, before it serves.
+`async setup(engine)` runs whenever a routing engine is (re)built, before it serves; an optional
+`undecided(ctx, why)` decides for a filter the chain's deadline or an error stopped before it
+finished (FilterChain.run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from importlib.metadata import entry_points
@@ -74,9 +77,33 @@ class FilterChain:
             if hook is not None:
                 await hook(engine)
 
-    async def run(self, ctx: RequestContext) -> None:
-        """Runs filters in order; an immediate reply stops the chain."""
-        for f in self.filters:
-            await f(ctx)
-            if ctx.immediate is not None:
-                return
+    async def run(self, ctx: RequestContext) -> str | None:
+        """Runs filters in order by `ctx.deadline`; an immediate reply stops the chain. -> None, or why
+        the chain ended early: "fallback_timeout" (the deadline) or "fallback_error" (a filter raised).
+
+        Then a reply a filter left half-made does not stand, and each filter that had not finished
+        and must decide all the same (a guard: `undecided(ctx, why)`, by its `on_error`) decides
+        now, in order: the clock never lets a request past a filter that would have refused it."""
+        done = 0
+        try:
+            async with asyncio.timeout_at(ctx.deadline):
+                for f in self.filters:
+                    await f(ctx)
+                    done += 1
+                    if ctx.immediate is not None:
+                        return None
+            return None
+        except TimeoutError:
+            why = "fallback_timeout"
+        except Exception as exc:  # a broken filter must not fail the request, nor flood the log per request
+            log.warning("filter chain failed", extra={"error": type(exc).__name__},
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            why = "fallback_error"
+        ctx.immediate = None
+        for f in self.filters[done:]:
+            undecided = getattr(f, "undecided", None)
+            if undecided is not None:
+                undecided(ctx, why)
+                if ctx.immediate is not None:
+                    break
+        return why
