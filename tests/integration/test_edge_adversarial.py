@@ -159,6 +159,18 @@ EVASIONS = {
     "anthropic_tool_result": chat_with({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": GUARDED}]}]},
         path="/v1/messages"),
+    "tool_description": chat_with({"role": "user", "content": "read notes.md"}, tools=[
+        {"type": "function", "function": {"name": "read", "description": f"Reads a file. {GUARDED}",
+                                          "parameters": {"type": "object", "properties": {}}}}]),
+    "tool_parameter_description": chat_with({"role": "user", "content": "read notes.md"}, tools=[
+        {"type": "function", "function": {"name": "read", "description": "Reads a file.", "parameters": {
+            "type": "object", "properties": {"path": {"type": "string", "description": GUARDED}}}}}]),
+    "anthropic_tool_description": chat_with({"role": "user", "content": "hi"}, path="/v1/messages", tools=[
+        {"name": "read", "description": GUARDED, "input_schema": {"type": "object", "properties": {}}}]),
+    "reasoning_content": chat_with({"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "ok", "reasoning_content": GUARDED},
+                                   {"role": "user", "content": "what is 2 + 2?"}),
+    "inside_a_cjk_run": chat_with({"role": "user", "content": f"{'天气预报' * 200} {GUARDED} {'天气预报' * 200}"}),
 }
 
 
