@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from batching import BatcherClosed, DeadlineExceeded, ModelUnavailable
+from batching import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable
 from esr_modelsock import wire
 
 log = logging.getLogger(__name__)
@@ -130,10 +130,15 @@ class ModelClient:
         budget = deadline - time.monotonic()
         if budget <= 0:
             raise DeadlineExceeded("deadline passed before the request was sent")
+        raw = text.encode("utf-8", "surrogatepass")
+        if len(raw) > wire.MAX_TEXT:
+            # refused for this request alone, as the model process would: a frame over MAX_FRAME
+            # would make it drop the socket every front-end request shares
+            raise BatcherError(f"model process: text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
         request_id = next(self._ids) & 0xFFFFFFFF
         fut = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
-        out.write(wire.embed_frame(request_id, budget, text.encode("utf-8", "surrogatepass")))
+        out.write(wire.embed_frame(request_id, budget, raw))
         try:
             async with asyncio.timeout_at(deadline):
                 return await fut

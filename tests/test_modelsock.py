@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batching import BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
+from batching import BatcherError, BatcherSettings, ContinuousBatcher, DeadlineExceeded, ModelUnavailable, Overloaded
 from esr_modelsock import wire
 from esr_modelsock.client import ModelClient
 from tests.support.waiting import until as until_reached
@@ -308,5 +308,21 @@ def test_a_front_end_refuses_a_model_process_serving_another_model(tmp_path):
             await client.embed("anything", soon(1))
         await client.aclose()
         await other.stop()
+
+    asyncio.run(main())
+
+
+def test_a_text_too_large_for_a_frame_fails_its_own_request_and_the_socket_stays(tmp_path):
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        states: list = []
+        client = await connect(side.path, states)
+        for size in (wire.MAX_TEXT + 1, 2 * wire.MAX_FRAME):  # over the server's text limit; over a frame
+            with pytest.raises(BatcherError, match="at most"):
+                await client.embed("x" * size, soon(5))
+        np.testing.assert_array_equal(await client.embed("still here", soon(5)), vector_for("still here"))
+        assert states == [True]  # never disconnected
+        await client.aclose()
+        await side.stop()
 
     asyncio.run(main())
