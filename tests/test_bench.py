@@ -13,14 +13,17 @@ SCENARIOS = {"ceiling", "single_request", "unbatched_c64", "batcher_c1", "batche
              "batcher_c256", "poisson_50pct", "poisson_80pct", "poisson_95pct"}
 
 
+def run_bench(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m bench.<module> ARGS` as a user runs it; it must exit 0."""
+    proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2", "--out", str(out))
     result = json.loads(out.read_text())
     rows = {r["scenario"]: r for r in result["rows"]}
     assert set(rows) == SCENARIOS
@@ -47,11 +50,7 @@ def test_latency_bound_simulation_batches_what_queued():
 
 def test_large_body_bench_runs_both_phases(tmp_path):
     out = tmp_path / "large.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_bench("large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out))
     result = json.loads(out.read_text())
     quiet, busy = result["rows"]
     assert quiet["throughput_rps"] > 0 and busy["throughput_rps"] > 0 and busy["large_bodies_per_s"] > 0
@@ -60,12 +59,7 @@ def test_large_body_bench_runs_both_phases(tmp_path):
 
 def test_int8_formats_bench_reports_every_format_and_the_pick(tmp_path):
     out = tmp_path / "int8.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.int8_formats", "--prompts", "64", "--speed-prompts", "32", "--trials", "1",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_bench("int8_formats", "--prompts", "64", "--speed-prompts", "32", "--trials", "1", "--out", str(out))
     result = json.loads(out.read_text())
     rows = {r["runtime"]: r for r in result["rows"]}
     assert set(rows) == {"fp32", "u8s8", "u8u8"} and sum(r["picked"] for r in rows.values()) == 1

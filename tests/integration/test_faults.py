@@ -7,12 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import yaml
 
-from devstack.stack import ROOT, Stack, StackPorts
 from tests.support.fakes import FakeBackend
 from tests.integration.conftest import metric, scrape
-from tests.support.inproc_router import InProcessRouter
+from tests.support.inproc_router import inproc_stack_with
 
 MATH = "solve 3x + 5 = 20"  # an utterance of router.yaml: the fake model matches it exactly
 
@@ -35,17 +33,14 @@ class FaultyBackend(FakeBackend):
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, envoy_binary):
-    cfg = yaml.safe_load((ROOT / "router.yaml").read_text())
-    ports = StackPorts.free()
-    cfg["cache_size"] = 0
-    cfg["batching"].update(max_batch_size=1, max_queue_requests=2)
-    cfg["server"].update(grpc_port=ports.router_grpc, metrics_port=ports.router_metrics, deadline_ms=500)
+    def change(cfg):
+        cfg["cache_size"] = 0
+        cfg["batching"].update(max_batch_size=1, max_queue_requests=2)
+        cfg["server"]["deadline_ms"] = 500
+
     backend = FaultyBackend()
-    router = InProcessRouter(cfg, backend).start()
-    stack = Stack(tmp_path_factory.mktemp("faults"), ports, launch_router=False).start()
-    yield stack, backend
-    stack.stop()
-    router.stop()
+    with inproc_stack_with(tmp_path_factory.mktemp("faults"), backend, change) as stack:
+        yield stack, backend
 
 
 def ask(stack, prompt=MATH):

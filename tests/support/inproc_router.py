@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from pathlib import Path
+from typing import Callable, Iterator
 
+import yaml
+
+from devstack.stack import ROOT, Stack, StackPorts
 from esr_config import parse_config
 from esr_app.server import RouterServer
 
@@ -31,3 +37,22 @@ class InProcessRouter:
             self.call(self.server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+
+@contextlib.contextmanager
+def inproc_stack_with(workdir: Path, backend, change: Callable[[dict], None]) -> Iterator[Stack]:
+    """Envoy and mock backends in front of an in-process router on `backend`, its config router.yaml
+    as `change` edits it (ports set here)."""
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    ports = StackPorts.free()
+    change(config)
+    config["server"].update(grpc_port=ports.router_grpc, metrics_port=ports.router_metrics)
+    router = InProcessRouter(config, backend).start()
+    try:
+        stack = Stack(workdir, ports, launch_router=False).start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
+    finally:
+        router.stop()
