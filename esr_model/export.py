@@ -88,9 +88,7 @@ def _export_int8(model_dir: str, tokenizer, batches: list[tuple[np.ndarray, np.n
     try:
         if fmt is None:
             raise RuntimeError(f"ONNX Runtime's int8 GEMM is exact in no format on this CPU ({here.cpu}: {here.why})")
-        # ids from 1,000 up: BERT-family vocabularies start with reserved and special tokens
-        calib = calibration(tokenizer.cls_token_id or 101, tokenizer.sep_token_id or 102,
-                            min(1000, len(tokenizer) // 10), min(20000, len(tokenizer)))
+        calib = calibration(tokenizer.cls_token_id or 101, tokenizer.sep_token_id or 102, len(tokenizer))
         quantize_per_token(fp32, tmp, activation_ranges(fp32, calib), fmt)
         closest = _check_int8(tmp, str(fp32), batches)
         os.chmod(tmp, 0o644)

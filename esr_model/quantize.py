@@ -54,8 +54,10 @@ SKEWED = 0.1  # is_skewed: the short side under a tenth of the long one
 _EPS = 1e-12
 
 
-def calibration(cls_id: int, sep_id: int, low: int, high: int, n: int = 128) -> list[tuple[np.ndarray, np.ndarray]]:
+def calibration(cls_id: int, sep_id: int, vocab_size: int, n: int = 128) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batches of 16 sequences of random vocabulary ids (4-40 between [CLS] and [SEP]), padded with 0."""
+    # ids from 1,000 up: BERT-family vocabularies start with reserved and special tokens
+    low, high = min(1000, vocab_size // 10), min(20000, vocab_size)
     rng = np.random.default_rng(0)
     rows = [[cls_id, *rng.integers(low, high, size=int(rng.integers(4, 41))), sep_id] for _ in range(n)]
     return [pad(rows[i:i + 16], 0) for i in range(0, n, 16)]
