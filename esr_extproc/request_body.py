@@ -53,8 +53,17 @@ class ParsedBody:
     truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
 
 
-# Kinds a scan never falls back from: the body is refused (esr_extproc.service.REFUSED).
-_NO_FALLBACK = ("duplicate_key", "too_deep")
+# Kinds a body is refused for, never routed to the default (esr_extproc.service.REFUSED): a backend
+# could read such a body, and read it differently from the router (a repeated or case-variant key,
+# data after the object, a charset other than UTF-8) or not at all (too deep).
+AMBIGUOUS = ("duplicate_key", "case_variant_key", "trailing_data", "not_utf8", "byte_order_mark", "too_deep")
+_NO_FALLBACK = AMBIGUOUS
+
+
+def fold(key: str) -> str:
+    """A member name as a case-insensitive reader matches it. Go's encoding/json folds each rune
+    through upper then lower case, so "meſſages" (long s) and "\u212aey" (Kelvin sign) match too."""
+    return key.lower() if key.isascii() else key.upper().lower()
 
 
 class _DuplicateKey(ValueError):
@@ -66,13 +75,15 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # the first), so a body with one is ambiguous: the router could route on a prompt or model
     # the backend never sees. Linear: naming the repeat by re-scanning prefixes was O(n^2) (a
     # 24,000-key object held the event loop for tens of seconds).
+    # Keys are also compared folded: Go's encoding/json matches struct fields case-insensitively,
+    # the last match winning, so {"content": "hi", "Content": "..."} is read as the second.
     d = dict(pairs)
-    if len(d) != len(pairs):
+    if len(d) != len(pairs) or (len(d) > 1 and len({fold(k) for k in d}) != len(d)):
         seen: set[str] = set()
         for k, _ in pairs:
-            if k in seen:
+            if fold(k) in seen:
                 raise _DuplicateKey(k)
-            seen.add(k)
+            seen.add(fold(k))
     return d
 
 
@@ -81,13 +92,19 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def _text(raw: bytes) -> str:
+    """Strict UTF-8 (RFC 8259). A body backends could read another way is refused: Python's
+    json.loads on bytes reads UTF-16/32 (told by their NUL bytes, which JSON never holds raw) and
+    skips a byte-order mark; Go's reads invalid UTF-8 as U+FFFD."""
     if not raw:
         raise BadBody("empty", "empty body")
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise BadBody("byte_order_mark", "body starts with a byte-order mark: send UTF-8 JSON without one")
+    if b"\x00" in raw:
+        raise BadBody("not_utf8", "body holds NUL bytes (UTF-16 or UTF-32?): send UTF-8 JSON")
     try:
-        # Strict UTF-8 (RFC 8259): json.loads would also take UTF-16/32, which backends may not.
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise BadBody("not_utf8", "body is not UTF-8") from None
+        raise BadBody("not_utf8", "body is not UTF-8: send UTF-8 JSON") from None
 
 
 # Finding where a value ends without building it: C-speed regex scans, so a 4 MiB member the
@@ -149,7 +166,9 @@ def _closes(text: str, i: int) -> bool:
     if text[i : i + 1] != "}":
         return False
     if _SPACE.match(text, i + 1).end() != len(text):  # type: ignore[union-attr]
-        raise ValueError("data after the object")
+        # A streaming decoder (Go's json.Decoder) reads the first value and ignores the rest: which
+        # value a backend reads is then its reader's choice.
+        raise BadBody("trailing_data", "data after the JSON object")
     return True
 
 
@@ -188,15 +207,68 @@ def _members(text: str, stop_at: str | None = None, deadline: float | None = Non
 def _top_level(text: str, deadline: float | None = None) -> dict[str, tuple[int, int] | None]:
     """Key -> value span of every top-level member (_members); _DuplicateKey on a repeated key."""
     spans: dict[str, tuple[int, int] | None] = {}
+    folded: set[str] = set()
     for key, start, end in _members(text, deadline=deadline):
-        if key in spans:
+        if fold(key) in folded:
             raise _DuplicateKey(key)
+        folded.add(fold(key))
         spans[key] = (start, end)
     return spans
 
 
 def _duplicate(dup: _DuplicateKey) -> BadBody:
-    return BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object")
+    return BadBody("duplicate_key", f"key {str(dup)[:64]!r} appears twice in one object (keys compared "
+                                    "case-insensitively, as some backends read them)")
+
+
+# Member names of the objects backends decode into typed fields (the request, its messages and
+# items, content parts, tool calls, tool definitions): where a case-insensitive reader would take
+# "Messages" or "ROLE" for the member the router reads under its exact name.
+READ_NAMES = frozenset({
+    "model", "messages", "prompt", "input", "instructions", "system", "tools", "functions", "stream",
+    "role", "content", "type", "text", "name", "tool_calls", "function", "arguments", "description",
+    "parameters", "input_schema", "output", "thinking", "reasoning_content", "reasoning", "summary", "refusal",
+    "tool_call_id", "tool_use_id",
+})
+
+
+def _exact_names(obj: Any) -> None:
+    """BadBody case_variant_key when a member of `obj` (a dict) is a read name in another case."""
+    if isinstance(obj, dict):
+        for key in obj:
+            if key not in READ_NAMES and fold(key) in READ_NAMES:
+                raise BadBody("case_variant_key", f"member {key[:64]!r} is {fold(key)!r} in another case: "
+                                                  "send it in lower case")
+
+
+def _check_names(data: Mapping[str, Any], path: str, tools: bool) -> None:
+    """The request's own members and those of every message (item), its content parts and tool
+    calls; with `tools` (the guard reads them), the tool definitions too."""
+    _exact_names(dict.fromkeys(data))
+    items = data.get("input") if path.endswith("/responses") else data.get("messages")
+    for m in items if isinstance(items, list) else ():
+        _exact_names(m)
+        if isinstance(m, dict):
+            for member in ("content", "tool_calls"):
+                for part in m.get(member) if isinstance(m.get(member), list) else ():
+                    _exact_names(part)
+                    if isinstance(part, dict):
+                        _exact_names(part.get("function"))
+    for key in ("tools", "functions") if tools else ():
+        for tool in data.get(key) if isinstance(data.get(key), list) else ():
+            _exact_names(tool)
+            if isinstance(tool, dict):
+                _exact_names(tool.get("function"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone surrogate (a JSON escape like \\ud800 with no pair) as U+FFFD, as Go's
+    reader and the tokenizer's own input take it: the tokenizer refuses a lone surrogate, which
+    would leave the text unread (the guard then undecided)."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def _decode(text: str, start: int, end: int) -> Any:
@@ -271,8 +343,10 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         model = data.get("model")
         if model is not None and not isinstance(model, str):
             raise BadBody("bad_model", "model is not a string")
+        _check_names(data, path, tools=guard)
         turns, truncated = extract_turns(data, path, policy, max_turns)
-        pieces = guard_pieces(data, path, policy) if guard else ()
+        turns = tuple(well_formed(t) for t in turns)
+        pieces = tuple(dict.fromkeys(well_formed(p) for p in guard_pieces(data, path, policy))) if guard else ()
         measured = request_facts(data, path) if facts else None
     except _DuplicateKey as dup:
         raise _duplicate(dup) from None

@@ -21,7 +21,7 @@ from filters.chain import FilterChain
 from filters.context import ImmediateReply, RequestContext
 from router.config import RequestsConfig
 from esr_cache.cache import ResponseCache, opted_out
-from esr_extproc.request_body import BadBody, with_members
+from esr_extproc.request_body import AMBIGUOUS, BadBody, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
@@ -48,8 +48,9 @@ def canonical_path(path: str) -> str:
 
 
 # Bodies refused outright, with their status, rather than routed to the default: backends would
-# read them differently from the router (a repeated key) or not at all.
-REFUSED = {"duplicate_key": 400, "too_deep": 400, "bad_encoding": 400, "inflated_too_large": 413}
+# read them differently from the router (request_body.AMBIGUOUS) or not at all. Any other unusable
+# body goes through the chain unread: a guard decides it by its on_error, else the default route.
+REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_large": 413}
 
 
 def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
@@ -222,11 +223,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
             if bad.kind in REFUSED:  # ambiguous or unreadable to backends: refused, never forwarded
                 return _refuse(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
-            response = self._answer(None, engine.default("invalid_body"), current)
-        else:
-            decision = await self._run_chain(ctx, engine, current.chain)
-            hit = await self._from_cache(ctx, decision, stream)
-            response = hit if hit is not None else self._answer(ctx, decision, current)
+            ctx = self._unread(stream, raw, engine, deadline, "invalid_body")
+        decision = await self._run_chain(ctx, engine, current.chain)
+        hit = await self._from_cache(ctx, decision, stream)
+        response = hit if hit is not None else self._answer(ctx, decision, current)
         metrics.PROCESSING.observe(time.perf_counter() - started)
         if stream.cache_key is not None:
             stream.sent_at = time.monotonic()  # what the backend takes from here is what a hit saves
@@ -278,8 +278,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         """What the filters see. A body above requests.max_body_bytes is not read (only its model is
         peeked at), but it still goes through the chain: size limits, model policy, pinning."""
         engine, chain = serving.engine, serving.chain
-        ctx = RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
-                             deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw)
+        ctx = self._unread(stream, raw, engine, deadline, None)
         try:
             if stream.encoding is not None:
                 raw = await self._bodies.inflate(raw, stream.encoding, serving.settings.max_inflated_bytes, deadline)
@@ -307,6 +306,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if parsed.facts is not None:
             ctx.facts = parsed.facts
         return ctx
+
+    @staticmethod
+    def _unread(stream: _Stream, raw: bytes, engine: RoutingEngine, deadline: float, why: str | None) -> RequestContext:
+        """A context with nothing read from the body yet (`why`: why nothing will be)."""
+        return RequestContext(path=stream.path, headers=stream.headers, body={}, requested_model=None,
+                              deadline=deadline, engine=engine, body_bytes=len(raw), raw=raw, unread=why)
 
     async def _run_chain(self, ctx: RequestContext, engine: RoutingEngine, chain: FilterChain) -> Decision:
         failure = await chain.run(ctx)

@@ -91,12 +91,29 @@ def test_bad_bodies_get_default_route_never_an_error():
             for raw, reason in [
                 (b"not json", "invalid_body"),
                 (b"[1,2]", "invalid_body"),
-                (b"\x00\xff\xfe", "invalid_body"),
+                (b'{"model": 1, "messages": []}', "invalid_body"),
                 (json.dumps({"model": "auto", "messages": []}).encode(), "no_prompt"),
             ]:
                 _, resp = await h.exchange(headers_msg(), body_msg(raw))
                 hs = set_headers(resp)
                 assert (hs["x-semantic-route"], hs["x-semantic-route-reason"]) == ("general", reason), raw
+
+    run(main())
+
+
+def test_bodies_a_backend_would_read_otherwise_are_refused():
+    async def main():
+        async with Harness() as h:
+            for raw, code in [
+                (b"\x00\xff\xfe", "not_utf8"),
+                (b'\xef\xbb\xbf{"model":"auto"}', "byte_order_mark"),
+                (b'{"model":"auto"} {"model":"x"}', "trailing_data"),
+                (b'{"model":"auto","Model":"x"}', "duplicate_key"),
+                (b'{"model":"auto","Messages":[]}', "case_variant_key"),
+            ]:
+                _, resp = await h.exchange(headers_msg(), body_msg(raw))
+                assert resp.immediate_response.status.code == 400, raw
+                assert json.loads(resp.immediate_response.body)["error"]["code"] == code, raw
 
     run(main())
 

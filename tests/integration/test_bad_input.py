@@ -24,8 +24,9 @@ def post(stack, content: bytes, path=URL, timeout=30):
     [
         (b"[1, 2, 3]", "invalid_body", "not_object"),
         (b'"a string"', "invalid_body", "not_object"),
-        (os.urandom(2048).replace(b"{", b"(") + b"\xff", "invalid_body", None),
-        (b"\xff\xfe" + "héllo".encode("latin-1"), "invalid_body", "not_utf8"),
+        (os.urandom(2048).replace(b"{", b"(").replace(b"\x00", b"-") + b"\xff", "refused", "not_utf8"),
+        (b"\xff\xfe" + "héllo".encode("latin-1"), "refused", "not_utf8"),
+        (b"not json at all", "invalid_body", "not_json"),
         (b'{"model": "auto"}', "no_prompt", None),
         (b'{"model": "auto", "messages": []}', "no_prompt", None),
         (b'{"model": "auto", "messages": [{"role": "user", "content": 42}]}', "no_prompt", None),
@@ -33,8 +34,15 @@ def post(stack, content: bytes, path=URL, timeout=30):
     ],
 )
 def test_unusable_bodies_get_the_default_route(stack, content, reason, kind):
+    """Or, where a backend could read them otherwise (other charsets), a 400."""
     before = scrape(stack.metrics_url)
     r = post(stack, content)
+    if reason == "refused":
+        assert r.status_code == 400 and r.json()["error"]["code"] == kind and "x-mock-backend" not in r.headers
+        after = scrape(stack.metrics_url)
+        assert metric(after, "semantic_router_bad_requests_total", f'kind="{kind}"') == metric(
+            before, "semantic_router_bad_requests_total", f'kind="{kind}"') + 1
+        return
     assert r.status_code == 200
     assert r.headers["x-mock-backend"] == "general-model"
     assert r.headers["x-semantic-route-reason"] == reason

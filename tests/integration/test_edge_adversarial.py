@@ -170,6 +170,8 @@ EVASIONS = {
     "reasoning_content": chat_with({"role": "user", "content": "hi"},
                                    {"role": "assistant", "content": "ok", "reasoning_content": GUARDED},
                                    {"role": "user", "content": "what is 2 + 2?"}),
+    # The tokenizer refuses a lone surrogate: the piece went unread and the guard, undecided, let it on.
+    "lone_surrogate": chat_with({"role": "user", "content": f"{GUARDED} \ud800"}),
     "inside_a_cjk_run": chat_with({"role": "user", "content": f"{'天气预报' * 200} {GUARDED} {'天气预报' * 200}"}),
 }
 
@@ -180,6 +182,36 @@ def test_the_guard_reads_what_the_backend_model_reads(guarded_stack, case):
     r = post(guarded_stack, body, path=path)
     assert r.status_code == 403 and "x-mock-backend" not in r.headers, r.text[:200]
     assert r.json()["error"]["code"] == "content_policy_violation"
+
+
+_OK = '{"model": "auto", "messages": [{"role": "user", "content": "solve 3x + 4 = 19"}]}'
+_EVIL_TURN = '[{"role": "user", "content": "%s"}]' % GUARDED
+# Bodies a backend reads otherwise than the router would (tests/test_differential_json.py has the
+# generated ones): each once went on to the default route (or past the guard) unexamined.
+READ_OTHERWISE = {
+    "byte_order_mark": (b"\xef\xbb\xbf" + _OK.replace("solve 3x + 4 = 19", GUARDED).encode(), "byte_order_mark"),
+    "utf16": (_OK.replace("solve 3x + 4 = 19", GUARDED).encode("utf-16"), "not_utf8"),
+    "invalid_utf8": (_OK.replace("solve", GUARDED + " \udcff", 1).encode("utf-8", "surrogateescape"), "not_utf8"),
+    "trailing_object": ((_OK + ' {"model": "auto", "messages": %s}' % _EVIL_TURN).encode(), "trailing_data"),
+    "case_variant_beside": ((_OK[:-1] + ', "Messages": %s}' % _EVIL_TURN).encode(), "duplicate_key"),
+    "case_variant_alone": (('{"model": "auto", "Messages": %s}' % _EVIL_TURN).encode(), "case_variant_key"),
+    "long_s_variant": (('{"model": "auto", "me\u017f\u017fages": %s}' % _EVIL_TURN).encode(), "case_variant_key"),
+    "nested_variant": (_OK.replace('"content"', '"Content": "%s", "content"' % GUARDED).encode(), "duplicate_key"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READ_OTHERWISE))
+def test_a_body_a_backend_reads_otherwise_is_refused(guarded_stack, case):
+    body, code = READ_OTHERWISE[case]
+    r = post(guarded_stack, body)
+    assert r.status_code == 400 and "x-mock-backend" not in r.headers, r.text[:200]
+    assert r.json()["error"]["code"] == code
+
+
+def test_an_unreadable_body_is_decided_by_the_guards_on_error(guarded_stack):
+    # on_error allow here: routed unread to the default, said by its reason (block: 403, test_guard_deadline)
+    r = post(guarded_stack, b'{"model": ["auto"], "messages": %s}' % _EVIL_TURN.encode())
+    assert r.status_code == 200 and r.headers["x-semantic-route-reason"] == "invalid_body"
 
 
 def test_a_long_benign_conversation_is_routed_not_blocked(guarded_stack):

@@ -52,12 +52,13 @@ def test_repeated_keys_are_refused_by_the_gateway(stack):
         metric(before, "semantic_router_bad_requests_total", 'kind="duplicate_key"')
 
 
-def test_unreadable_charsets_and_empty_bodies_have_a_defined_outcome(stack):
+def test_unreadable_charsets_are_refused_and_empty_bodies_routed(stack):
     body = b'{"model":"auto","messages":[{"role":"user","content":"solve 2x + 3 = 7"}]}'
     before = scrape(stack.metrics_url)
-    utf16 = body.decode().encode("utf-16")
+    # A Python backend's json.loads reads UTF-16: refused, not passed on unexamined.
+    r = post(stack, body.decode().encode("utf-16"))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "not_utf8" and "x-mock-backend" not in r.headers
     cases = [  # (sent, headers, metric kind, what the backend reads)
-        (utf16, {}, "not_utf8", utf16),
         (b"", {}, "empty", b""),
     ]
     for raw, headers, kind, received in cases:
@@ -67,7 +68,7 @@ def test_unreadable_charsets_and_empty_bodies_have_a_defined_outcome(stack):
         assert r.headers["x-semantic-route-reason"] == "invalid_body", kind
         assert r.json()["mock"]["body_sha256"] == sha(received), kind  # passed on untouched
     after = scrape(stack.metrics_url)
-    for _, _, kind, _ in cases:
+    for _, _, kind, _ in [*cases, (None, None, "not_utf8", None)]:
         label = f'kind="{kind}"'
         assert metric(after, "semantic_router_bad_requests_total", label) > \
             metric(before, "semantic_router_bad_requests_total", label), kind

@@ -42,3 +42,13 @@ def test_a_guard_the_model_is_too_slow_for_refuses_instead_of_passing_at_the_dea
                    'reason="fallback_timeout"')
     assert after == before + 1
     assert ask().headers["x-semantic-route-reason"] == "matched"
+
+
+def test_a_body_the_router_cannot_read_is_refused_by_a_blocking_guard(guarded):
+    stack, _ = guarded
+    before = metric(scrape(stack.metrics_url), "semantic_router_prompt_guard_undecided_total", 'reason="invalid_body"')
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,
+                   content=b'{"model": ["auto"], "messages": [{"role": "user", "content": "hi"}]}')
+    assert r.status_code == 403 and r.json()["error"]["code"] == "prompt_guard_unavailable", r.text
+    after = metric(scrape(stack.metrics_url), "semantic_router_prompt_guard_undecided_total", 'reason="invalid_body"')
+    assert after == before + 1
