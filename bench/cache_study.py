@@ -26,6 +26,7 @@ import numpy as np
 from bench.report import emit
 from esr_app.quality_cli import offline
 from esr_cache.keys import scope_key
+from esr_extproc.request_body import cache_view_of
 from esr_cache.semantic import SemanticIndex
 from esr_config import load_config
 from pathlib import Path
@@ -41,13 +42,14 @@ THRESHOLDS = (0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
 
 
 def clinc(encode, threshold: float, rows: list[dict], vectors: np.ndarray) -> dict:
-    index, made_for = SemanticIndex(per_scope=100000), {}
+    index, made_for = SemanticIndex(max_bytes=10**12, per_scope=100000), {}
     false = paraphrase = eligible = hits = 0
     seen_intents: dict[str, set[str]] = {}
     for i, row in enumerate(rows):
         route, text, intent = row["label"], row["text"], row["intent"]
         body = {"messages": [{"role": "user", "content": text}], "temperature": 0}
-        scope = scope_key("tenant", route, body)
+        view = cache_view_of(body)
+        scope = scope_key("tenant", route, view.members, view.history or "")
         fixed_earlier = intent in FIXED and intent in seen_intents.get(scope, set())
         eligible += fixed_earlier
         if route in SEMANTIC_ROUTES:
@@ -70,7 +72,7 @@ def clinc(encode, threshold: float, rows: list[dict], vectors: np.ndarray) -> di
 
 def sgd_cross_conversation(encode, threshold: float, limit: int = 300) -> dict:
     dialogues = [json.loads(line) for line in open(SHARED / "sgd" / "dev.jsonl")][:limit]
-    index, owner = SemanticIndex(per_scope=100000, scopes=10**6), {}
+    index, owner = SemanticIndex(max_bytes=10**12, per_scope=100000, scopes=10**6), {}
     turns = cross = hits = 0
     texts = sorted({m["content"] for d in dialogues for m in d["messages"] if m["role"] == "user"})
     vector = dict(zip(texts, encode(texts)))
@@ -78,7 +80,8 @@ def sgd_cross_conversation(encode, threshold: float, limit: int = 300) -> dict:
         users = [i for i, m in enumerate(d["messages"]) if m["role"] == "user"]
         for label, at in zip(d["labels"], users[1:]):  # every later user turn, with the conversation so far
             body = {"messages": d["messages"][: at + 1]}
-            scope = scope_key("tenant", label, body)
+            view = cache_view_of(body)
+            scope = scope_key("tenant", label, view.members, view.history or "")
             near = index.nearest(scope, vector[d["messages"][at]["content"]], threshold)
             turns += 1
             if near is not None:

@@ -42,6 +42,11 @@ class PortInUse(RuntimeError):
     """The gRPC port is taken (another router?): refusing to share it."""
 
 
+def encoder_identity(config: RouterConfig) -> str:
+    """Which encoder's vectors the semantic cache compares (its `encoder:` section)."""
+    return hashlib.sha256(repr(config.encoder).encode()).hexdigest()[:16]
+
+
 class RouterServer:
     """Owns every long-lived piece; `engine` is swapped whole on reload."""
 
@@ -104,6 +109,7 @@ class RouterServer:
             FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
             self.ext_proc.start()  # its worker process starts while the model loads
             if self.ext_proc.cache is not None:
+                self.ext_proc.cache.use_encoder(encoder_identity(self.config))  # before the shared index is read
                 self.ext_proc.cache.start()
             await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             # Alone, the router listens at once (health checks see it loading; requests pass unrouted).
@@ -173,6 +179,8 @@ class RouterServer:
     def _activate(self, config: RouterConfig, serving: Serving) -> None:
         # Not a coroutine: the swap is atomic for every request on the event loop.
         self.config = config
+        if self.ext_proc.cache is not None:
+            self.ext_proc.cache.use_encoder(encoder_identity(config))
         self.ext_proc.serve(serving)
         version = config_version(config)
         if self._version is not None and self._version != version:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from esr_cache import answers, metrics
 from esr_cache.config import CacheConfig
-from esr_cache.keys import last_user_text, request_key, scope_key, tenant_of
+from esr_cache.keys import request_key, scope_key, tenant_of
 from esr_cache.semantic import SemanticIndex
 from esr_cache.store import Entry, MemoryStore, StoreUnavailable
 
@@ -33,8 +33,8 @@ def opted_out(headers: Mapping[str, str]) -> bool:
 class ResponseCache:
     def __init__(self, config: CacheConfig):
         self.config = config
-        self.index = SemanticIndex()
-        self.memory = MemoryStore(config.max_bytes, config.ttl_s)
+        self.index = SemanticIndex(config.semantic_index_bytes)
+        self.memory = MemoryStore(config.max_bytes, config.ttl_s, on_drop=self.index.remove)
         self.shared: RedisStore | None = None  # backend redis: kept there instead
         if config.backend == "redis":
             from esr_cache.redis_store import RedisStore
@@ -42,6 +42,16 @@ class ResponseCache:
             assert config.redis_url is not None
             self.shared = RedisStore(config.redis_url, config.ttl_s, config.redis_timeout_ms / 1000.0)
         self._tasks: set[asyncio.Task] = set()  # writes under way, and the index's follower
+
+    def use_encoder(self, encoder: str) -> None:
+        """The encoder whose vectors the semantic index compares: another's clears it (a vector of
+        one model means nothing to another's)."""
+        if self.index.use_encoder(encoder):
+            log.info("semantic cache index cleared: the encoder changed")
+            self._count_bytes()
+
+    def _count_bytes(self) -> None:
+        metrics.BYTES.set(self.memory.bytes + self.index.bytes)
 
     def start(self) -> None:
         """On the event loop: a shared store's semantic entries start flowing into the index."""
@@ -71,16 +81,13 @@ class ResponseCache:
     def tenant(self, headers: Mapping[str, str]) -> str:
         return tenant_of(headers, self.config.tenant_header)
 
-    def key(self, tenant: str, model: str, body: Mapping[str, Any]) -> str:
-        return request_key(tenant, model, body)
+    def key(self, tenant: str, model: str, members: Mapping[str, str]) -> str:
+        """The key of a request routed to `model`, the members it is forwarded with as digests."""
+        return request_key(tenant, model, members)
 
-    def semantic_turn(self, tenant: str, model: str, route: str, body: Mapping[str, Any]) -> tuple[str, str] | None:
-        """(scope, last user text) when the request may match semantically: its route is one of
-        `semantic_routes` and it ends with a plain user turn."""
-        if route not in self.config.semantic:
-            return None
-        text = last_user_text(body)
-        return (scope_key(tenant, model, body), text) if text else None
+    def scope(self, tenant: str, model: str, route: str, members: Mapping[str, str], history: str) -> str | None:
+        """The scope a request may match semantically in, when its route is one of `semantic_routes`."""
+        return scope_key(tenant, model, members, history) if route in self.config.semantic else None
 
     async def lookup(self, key: str, stream: bool, scope: str | None = None, vector: np.ndarray | None = None,
                      threshold: float | None = None) -> tuple[bytes, dict[str, str]] | None:
@@ -90,6 +97,9 @@ class ResponseCache:
         if entry is None and scope is not None and vector is not None:
             near = self.index.nearest(scope, vector, self.config.semantic_threshold if threshold is None else threshold)
             entry, match = (await self._get(near[0]) if near else None), "semantic"
+            if near is not None and entry is None and self.shared is not None:
+                self.index.remove(near[0])  # its answer expired in Redis (or was evicted there)
+                self._count_bytes()
         metrics.LOOKUPS.labels("miss" if entry is None else ("hit" if match == "exact" else "semantic_hit")).inc()
         if entry is None:
             return None
@@ -113,10 +123,10 @@ class ResponseCache:
             self._spawn(self._put_shared(key, entry, scope, vector))
             return
         self.memory.put(key, entry)
-        if scope is not None and vector is not None:
+        if scope is not None and vector is not None and key in self.memory:
             self.index.add(scope, vector, key)
         metrics.STORES.inc()
-        metrics.BYTES.set(self.memory.bytes)
+        self._count_bytes()
 
     async def _put_shared(self, key: str, entry: Entry, scope: str | None, vector: np.ndarray | None) -> None:
         assert self.shared is not None
@@ -124,7 +134,8 @@ class ResponseCache:
             await self.shared.put(key, entry)
             if scope is not None and vector is not None:
                 self.index.add(scope, vector, key)
-                await self.shared.publish(scope, vector, key)
+                self._count_bytes()
+                await self.shared.publish(scope, vector, key, self.index.encoder or "")
         except StoreUnavailable:
             metrics.SKIPS.labels("store_unavailable").inc()
             return

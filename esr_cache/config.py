@@ -29,6 +29,8 @@ class CacheConfig:
     tenant_header: str | None = None
     # Semantic matching of the last user turn (semantic.py), on these routes only; none: exact only.
     semantic_routes: tuple[str, ...] = ()
+    # The semantic index's vectors and keys together (counted in cache_bytes beside the answers).
+    semantic_index_bytes: int = 16 * 1024 * 1024
     semantic_threshold: float = 0.75  # cosine of the two turns' embeddings (README, "Response cache": measured)
     # Route -> its own threshold (written by `fit` on data with intents); a route named here needs
     # no entry in semantic_routes.
@@ -46,6 +48,7 @@ class CacheConfig:
         require(self.max_bytes >= 1024, "max_bytes", "must be at least 1024")
         require(1024 <= self.max_entry_bytes <= self.max_bytes, "max_entry_bytes", "must be between 1024 and max_bytes")
         require(self.ttl_s > 0, "ttl_s", "must be positive")
+        require(self.semantic_index_bytes >= 64 * 1024, "semantic_index_bytes", "must be at least 65536")
         require(self.backend != "redis" or (self.redis_url or "").startswith(("redis://", "rediss://", "unix://")),
                 "redis_url", "backend redis needs a redis://, rediss:// or unix:// URL")
         require(self.redis_timeout_ms > 0, "redis_timeout_ms", "must be positive")

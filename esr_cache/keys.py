@@ -1,8 +1,13 @@
-"""What a cached answer is keyed on. Everything a request sends that can change its answer is in
-the key, so a hit can only be the answer to the same request: the tenant (one never sees
-another's answers), the backend model the request was routed to, every member of the body but the
-transport's (`stream`, `stream_options`) and the requested model (the route's model stands for it),
-and the whole conversation, so "Yes, please" in one dialogue never answers it in another."""
+"""What a cached answer is keyed on. Everything the backend receives that can change its answer is
+in the key, so a hit can only be the answer to the same request: the tenant (one never sees
+another's answers), the backend model, and every member of the body as forwarded (after the
+route's `set_body`, so a pinned request's answer never answers a routed one that adds members)
+but the transport's (`stream`, `stream_options`; the backend model stands for `model`), including
+the whole conversation, so "Yes, please" in one dialogue never answers it in another.
+
+Members are given as digests of their bytes (request_body.CacheView, made where the body is
+parsed): nothing is decoded to key a request, and two requests match exactly when the backend
+would read the same bytes."""
 
 from __future__ import annotations
 
@@ -20,9 +25,16 @@ def tenant_of(headers: Mapping[str, str], header: str | None) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
-def request_key(tenant: str, model: str, body: Mapping[str, Any]) -> str:
-    """The key of a chat completion request routed to `model`."""
-    return _hash([tenant, model, {k: v for k, v in body.items() if k not in _TRANSPORT}])
+def request_key(tenant: str, model: str, members: Mapping[str, str]) -> str:
+    """The key of a chat completion request routed to `model`, its members as digests."""
+    return _hash([tenant, model, sorted((k, v) for k, v in members.items() if k not in _TRANSPORT)])
+
+
+def scope_key(tenant: str, model: str, members: Mapping[str, str], history: str) -> str:
+    """Everything of the key but the last message (`history`: the digest of the messages before
+    it): the requests a semantic match may join."""
+    rest = sorted((k, v) for k, v in members.items() if k not in _TRANSPORT and k != "messages")
+    return _hash(["scope", tenant, model, rest, history])
 
 
 def last_user_text(body: Mapping[str, Any]) -> str | None:
@@ -38,13 +50,6 @@ def last_user_text(body: Mapping[str, Any]) -> str | None:
     return content
 
 
-def scope_key(tenant: str, model: str, body: Mapping[str, Any]) -> str:
-    """Everything of the key but the last user turn's text: the requests a semantic match may join."""
-    members = {k: v for k, v in body.items() if k not in _TRANSPORT}
-    members["messages"] = list(members["messages"])[:-1]
-    return _hash(["scope", tenant, model, members])
-
-
 def _hash(value: Any) -> str:
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    canonical = json.dumps(value, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -39,15 +39,21 @@ class RedisStore:
         raw = await self._call(self._client.get(self.prefix + key))
         if raw is None:
             return None
-        data = json.loads(raw)
-        return Entry(data["answer"], data["size"], data["upstream_s"], data["stored_at"])
+        try:
+            data = json.loads(raw)
+            if not isinstance(data["answer"], dict):
+                raise TypeError("answer is not an object")
+            return Entry(data["answer"], int(data["size"]), float(data["upstream_s"]), float(data["stored_at"]))
+        except (ValueError, KeyError, TypeError) as exc:  # not ours, or damaged: a miss
+            log.warning("response cache entry unreadable", extra={"error": type(exc).__name__})
+            return None
 
     async def put(self, key: str, entry: Entry) -> None:
         data = {"answer": entry.answer, "size": entry.size, "upstream_s": entry.upstream_s, "stored_at": entry.stored_at}
         await self._call(self._client.set(self.prefix + key, json.dumps(data), ex=max(1, int(self.ttl_s))))
 
-    async def publish(self, scope: str, vector: np.ndarray, key: str) -> None:
-        fields: dict[Any, Any] = {"scope": scope, "key": key,
+    async def publish(self, scope: str, vector: np.ndarray, key: str, encoder: str) -> None:
+        fields: dict[Any, Any] = {"scope": scope, "key": key, "encoder": encoder,
                                   "vector": base64.b64encode(np.asarray(vector, np.float32).tobytes())}
         await self._call(self._client.xadd(self.prefix + _INDEX_STREAM, fields, maxlen=_INDEX_MAXLEN,
                                            approximate=True))
@@ -71,11 +77,21 @@ class RedisStore:
 
     @staticmethod
     def _feed(index: SemanticIndex, reply: Any, last: str) -> str:
+        """Adds each record of `reply` made with the index's encoder; a malformed record (another
+        writer's, a damaged one) is skipped and logged, never the end of the follower."""
         for _stream, records in reply or []:
             for record_id, fields in records:
                 last = record_id
-                vector = np.frombuffer(base64.b64decode(fields[b"vector"]), np.float32)
-                index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode())
+                try:
+                    if fields.get(b"encoder", b"").decode() != (index.encoder or ""):
+                        continue  # another encoder's vector (a router before a model change)
+                    vector = np.frombuffer(base64.b64decode(fields[b"vector"], validate=True), np.float32)
+                    if vector.size == 0 or not np.all(np.isfinite(vector)):
+                        raise ValueError("empty or not finite")
+                    index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode())
+                except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+                    log.warning("semantic index record skipped", extra={"record": str(record_id)[:64],
+                                                                       "error": type(exc).__name__})
         return last
 
     async def close(self) -> None:

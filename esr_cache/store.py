@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class StoreUnavailable(Exception):
@@ -21,14 +22,18 @@ class Entry:
 
 
 class MemoryStore:
-    def __init__(self, max_bytes: int, ttl_s: float):
+    def __init__(self, max_bytes: int, ttl_s: float, on_drop: Callable[[str], None] = lambda key: None):
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
+        self.on_drop = on_drop  # told each key whose answer is gone (expired or pushed out)
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
     def get(self, key: str) -> Entry | None:
         entry = self._entries.get(key)
@@ -52,3 +57,4 @@ class MemoryStore:
 
     def _drop(self, key: str) -> None:
         self.bytes -= self._entries.pop(key).size
+        self.on_drop(key)

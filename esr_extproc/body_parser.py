@@ -62,12 +62,14 @@ class BodyParser:
         return len(raw) <= self.inline_bytes and structure(raw) <= self.inline_structure
 
     async def parse(self, raw: bytes, path: str, policy: RequestsConfig, max_turns: int = 1,
-                    deadline: float | None = None, guard: bool = False, facts: bool = False) -> ParsedBody:
+                    deadline: float | None = None, guard: bool = False, facts: bool = False,
+                    cache: bool = False) -> ParsedBody:
         """ParsedBody, or BadBody for an unusable body (as parse_body); ParseTimeout at `deadline`
         (time.monotonic()); ParserUnavailable when the worker cannot parse it."""
         if self.inline(raw):
-            return parse_body(raw, path, policy, max_turns, guard, facts=facts)
-        summary = await self._in_worker(summarize, (raw, path, policy, max_turns, guard, deadline, facts), deadline)
+            return parse_body(raw, path, policy, max_turns, guard, facts=facts, cache=cache)
+        summary = await self._in_worker(summarize, (raw, path, policy, max_turns, guard, deadline, facts, cache),
+                                        deadline)
         return from_summary(raw, summary)
 
     async def scan_unread(self, raw: bytes, deadline: float | None = None) -> tuple[str | None, tuple[int, int] | None]:

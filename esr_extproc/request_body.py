@@ -13,6 +13,7 @@ part `requests.truncate` names; the encoder then cuts its tokens the same way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from esr_cache.keys import last_user_text
 from router.config import RequestsConfig
 
 from filters.context import GUARD_MAX_PIECES
@@ -51,6 +53,68 @@ class ParsedBody:
     guard: tuple[str, ...] = ()  # guard_pieces, when asked for
     facts: RequestFacts | None = None  # request_facts, when asked for
     truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
+    cache: CacheView | None = None  # when asked for
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """What the response cache keys a body on, made where the body is parsed (for a large body, in
+    the parser's worker), so keying decodes nothing on the event loop: a digest of each top-level
+    member's bytes as sent, of the conversation before its last message, and that message's text
+    when it is a plain user turn the encoder reads whole (the only turns matched semantically)."""
+
+    members: dict[str, str]  # name -> member_digest of its value's bytes
+    history: str | None  # digest of `messages` up to its last element; None: no list of messages
+    last_turn: str | None
+    stream: bool
+
+
+def member_digest(value: bytes) -> str:
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
+
+
+def member_bytes(value: Any) -> bytes:
+    """A member's value as with_members writes it into the forwarded body."""
+    return json.dumps(value).encode()
+
+
+def cache_view_of(body: Mapping[str, Any], path: str = "/v1/chat/completions",
+                  policy: RequestsConfig = _DEFAULT_POLICY) -> CacheView:
+    """The view the server makes of `body` sent as compact JSON: what `fit` and the benches key on."""
+    view = parse_body(json.dumps(body, separators=(",", ":")).encode(), path, policy, cache=True).cache
+    assert view is not None
+    return view
+
+
+def _element_starts(text: str, start: int) -> list[int]:
+    """Where each element of the JSON array at `start` begins."""
+    starts: list[int] = []
+    i = _SPACE.match(text, start + 1).end()  # type: ignore[union-attr]
+    if text[i : i + 1] == "]":
+        return starts
+    while True:
+        starts.append(i)
+        i = _SPACE.match(text, _value_end(text, i)).end()  # type: ignore[union-attr]
+        if text[i : i + 1] != ",":
+            return starts
+        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+
+
+def cache_view(text: str, data: LazyObject, window_tokens: int) -> CacheView:
+    spans = data.spans
+    members = {k: member_digest(text[s:e].encode("utf-8", "surrogatepass")) for k, (s, e) in spans.items()}  # type: ignore[misc]
+    history = last_turn = None
+    messages = spans.get("messages")
+    if messages is not None and isinstance(data.get("messages"), list):
+        starts = _element_starts(text, messages[0])
+        history = member_digest(text[messages[0]:starts[-1] if starts else messages[1]].encode("utf-8", "surrogatepass"))
+        turn = last_user_text(data)
+        # A WordPiece token covers at least one character that is not a space, so a turn with
+        # fewer such characters than the window is embedded whole: what follows cannot hide
+        # behind a question the embedding alone reads.
+        if turn is not None and len("".join(turn.split())) <= window_tokens - 2:
+            last_turn = well_formed(turn)
+    return CacheView(members, history, last_turn, data.get("stream") is True)
 
 
 # Kinds a body is refused for, never routed to the default (esr_extproc.service.REFUSED): a backend
@@ -332,10 +396,12 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-               guard: bool = False, deadline: float | None = None, facts: bool = False) -> ParsedBody:
-    """Strict UTF-8, one JSON object, no repeated key at its top level or in any member the router
-    reads; members are decoded only when read (see LazyObject). `guard`: also the guard's pieces;
-    `facts`: also what rules read (request_facts)."""
+               guard: bool = False, deadline: float | None = None, facts: bool = False,
+               cache: bool = False) -> ParsedBody:
+    """Strict UTF-8, one JSON object, no repeated key anywhere (every member is checked here, so
+    no component reading one later meets a repeat); members are kept decoded only once read (see
+    LazyObject). `guard`: also the guard's pieces; `facts`: also what rules read (request_facts);
+    `cache`: also the response cache's view (CacheView)."""
     text = _text(raw)
     try:
         spans = _top_level(text, deadline)
@@ -348,6 +414,10 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         turns = tuple(well_formed(t) for t in turns)
         pieces = tuple(dict.fromkeys(well_formed(p) for p in guard_pieces(data, path, policy))) if guard else ()
         measured = request_facts(data, path) if facts else None
+        for key, value_span in spans.items():  # checked and dropped: decoded again if read
+            if key not in data._values and value_span is not None:
+                _decode(text, *value_span)
+        view = cache_view(text, data, policy.prompt_max_tokens) if cache else None
     except _DuplicateKey as dup:
         raise _duplicate(dup) from None
     except BadBody:
@@ -356,7 +426,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         raise BadBody("not_json", "body is not JSON") from None
     span = spans.get("model")
     model_span = _byte_span(text, *span) if span is not None else None
-    return ParsedBody(data, model, turns, model_span, pieces, measured, truncated)
+    return ParsedBody(data, model, turns, model_span, pieces, measured, truncated, view)
 
 
 @dataclass
@@ -370,18 +440,20 @@ class BodySummary:
     guard: tuple[str, ...]
     facts: RequestFacts | None
     truncated: bool
+    cache: CacheView | None
 
 
 def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-              guard: bool = False, deadline: float | None = None, facts: bool = False) -> BodySummary:
-    parsed = parse_body(raw, path, policy, max_turns, guard, deadline, facts)
+              guard: bool = False, deadline: float | None = None, facts: bool = False,
+              cache: bool = False) -> BodySummary:
+    parsed = parse_body(raw, path, policy, max_turns, guard, deadline, facts, cache)
     return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, parsed.guard, parsed.facts,
-                       parsed.truncated)
+                       parsed.truncated, parsed.cache)
 
 
 def from_summary(raw: bytes, summary: BodySummary) -> ParsedBody:
     return ParsedBody(LazyObject(raw, dict(summary.spans)), summary.model, summary.turns, summary.model_span,
-                      summary.guard, summary.facts, summary.truncated)
+                      summary.guard, summary.facts, summary.truncated, summary.cache)
 
 
 def peek_model(raw: bytes) -> tuple[str | None, tuple[int, int] | None]:
@@ -442,11 +514,11 @@ def with_members(raw: bytes, members: dict[str, tuple[tuple[int, int] | None, An
     given = [(span, value) for span, value in members.values() if span is not None]
     for span, value in sorted(given, key=lambda m: -m[0][0]):
         out.append(raw[span[1]:last])
-        out.append(json.dumps(value).encode())
+        out.append(member_bytes(value))
         last = span[0]
     out.append(raw[:last])
     raw = b"".join(reversed(out))
-    added = b",".join(json.dumps(k).encode() + b":" + json.dumps(v).encode()
+    added = b",".join(json.dumps(k).encode() + b":" + member_bytes(v)
                       for k, (span, v) in members.items() if span is None)
     if not added:
         return raw

@@ -21,7 +21,7 @@ from filters.chain import FilterChain
 from filters.context import ImmediateReply, RequestContext
 from router.config import RequestsConfig
 from esr_cache.cache import ResponseCache, opted_out
-from esr_extproc.request_body import AMBIGUOUS, BadBody, with_members
+from esr_extproc.request_body import AMBIGUOUS, BadBody, CacheView, member_bytes, member_digest, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
@@ -63,7 +63,7 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "sent_at", "cache_scope", "cache_vector")
+                 "answer_bytes", "sent_at", "cache_scope", "cache_vector", "cache_view")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -83,6 +83,7 @@ class _Stream:
         self.sent_at = 0.0
         self.cache_scope: str | None = None  # semantic matching: the scope and last turn's embedding
         self.cache_vector: np.ndarray | None = None
+        self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
 
     @property
     def llm_call(self) -> bool:
@@ -234,30 +235,52 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     async def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream
                           ) -> pb.ProcessingResponse | None:
-        """A cached answer to this request, or None; on a miss the stream remembers where its answer goes."""
+        """A cached answer to this request, or None; on a miss the stream remembers where its answer
+        goes. A failure here costs the request its cache, never its routing: the stream goes on."""
         cache = self.cache
         if cache is None or stream.cache_tenant is None or ctx.immediate is not None:
             return None
-        if ctx.unread is not None or not isinstance(ctx.body.get("messages"), list):
+        view = stream.cache_view
+        if ctx.unread is not None or view is None or view.history is None:
             cache.skipped("unread_body")
             return None
-        key = cache.key(stream.cache_tenant, decision.model, ctx.body)
-        turn = cache.semantic_turn(stream.cache_tenant, decision.model, decision.route, ctx.body)
-        if turn is not None:
-            # Routing has usually embedded this turn already: the engine's cache answers.
-            try:
-                stream.cache_scope, stream.cache_vector = turn[0], await ctx.engine.embed(turn[1], ctx.deadline)
-            except RoutingUnavailable:
-                stream.cache_scope = None  # exact matching only, this once
-        hit = await cache.lookup(key, ctx.body.get("stream") is True, stream.cache_scope, stream.cache_vector,
-                                 cache.config.threshold_of(decision.route))
+        if ctx.body_changed:  # a filter rewrote the document: its bytes are not the ones keyed
+            cache.skipped("changed_body")
+            return None
+        try:
+            hit = await self._lookup(cache, ctx, decision, stream, view)
+        except Exception as exc:
+            log.warning("response cache lookup failed", extra={"error": type(exc).__name__})
+            cache.skipped("error")
+            stream.cache_key = None
+            return None
         if hit is None:
-            stream.cache_key = key
             return None
         body, headers = hit
         metrics.REQUESTS.labels("cache_hit").inc()
         route = {ROUTE: decision.route, SELECTED_MODEL: decision.model, REASON: decision.reason}
         return replies.immediate(ImmediateReply(200, body, headers), route, details="semantic_cache_hit")
+
+    async def _lookup(self, cache: ResponseCache, ctx: RequestContext, decision: Decision, stream: _Stream,
+                      view: CacheView) -> tuple[bytes, dict[str, str]] | None:
+        # Keyed on the body as forwarded: the route's set_body members are what the backend reads.
+        members = dict(view.members)
+        for name, value in _set_body(ctx, decision).items():
+            members[name] = member_digest(member_bytes(value))
+        assert stream.cache_tenant is not None and view.history is not None
+        key = cache.key(stream.cache_tenant, decision.model, members)
+        scope = cache.scope(stream.cache_tenant, decision.model, decision.route, members, view.history)
+        if scope is not None and view.last_turn is not None:
+            # Routing has usually embedded this turn already: the engine's cache answers.
+            try:
+                stream.cache_scope, stream.cache_vector = scope, await ctx.engine.embed(view.last_turn, ctx.deadline)
+            except RoutingUnavailable:
+                stream.cache_scope = None  # exact matching only, this once
+        hit = await cache.lookup(key, view.stream, stream.cache_scope, stream.cache_vector,
+                                 cache.config.threshold_of(decision.route))
+        if hit is None:
+            stream.cache_key = key
+        return hit
 
     def _on_response_body(self, chunk: pb.HttpBody, stream: _Stream) -> pb.ProcessingResponse:
         cache = self.cache
@@ -269,8 +292,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         else:
             stream.answer.append(chunk.body)
             if chunk.end_of_stream:
-                cache.keep(stream.cache_key, b"".join(stream.answer),
-                           time.monotonic() - stream.sent_at, stream.cache_scope, stream.cache_vector)
+                try:
+                    cache.keep(stream.cache_key, b"".join(stream.answer),
+                               time.monotonic() - stream.sent_at, stream.cache_scope, stream.cache_vector)
+                except Exception as exc:  # the answer is already on its way: only its keeping fails
+                    log.warning("response cache keep failed", extra={"error": type(exc).__name__})
+                    cache.skipped("error")
                 stream.cache_key, stream.answer = None, []
         return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
@@ -290,7 +317,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return ctx
             parsed = await self._bodies.parse(raw, stream.path, serving.settings.requests,
                                               engine.config.conversation.turns_read, deadline, chain.reads_all_text,
-                                              engine.rules.reads_facts)
+                                              engine.rules.reads_facts, cache=stream.cache_tenant is not None)
         except ParseTimeout:
             # Not read by the deadline (a costly shape, a busy parser): the chain still runs on
             # what is known, so a filter that must examine every body can refuse it.
@@ -301,6 +328,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.BAD_REQUESTS.labels("parser_failed").inc()
             ctx.unread = ctx.unread or "fallback_error"
             return ctx
+        stream.cache_view = parsed.cache
         ctx.body, ctx.requested_model, ctx.model_span = parsed.data, parsed.model, parsed.model_span
         ctx.turns, ctx.guard_pieces, ctx.truncated = parsed.turns, parsed.guard, parsed.truncated
         if parsed.facts is not None:
@@ -343,9 +371,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if ctx.truncated:
                 metrics.PROMPT_TRUNCATED.inc()
                 headers[TRUNCATED] = serving.settings.requests.truncate  # which part was routed on
-            # Also on a fallback: "auto" must reach the backend as a model it serves. The route's
-            # set_body goes only where the router chose the route (not to a pinned model) and read the body.
-            set_body = serving.engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}
+            # Also on a fallback: "auto" must reach the backend as a model it serves.
+            set_body = _set_body(ctx, decision)
             if ctx.body_changed and ctx.unread is None:
                 # A filter changed the document itself: serialise it. ASCII escapes keep every
                 # string valid JSON (a lone surrogate included).
@@ -384,6 +411,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             else:
                 log.warning("filter header dropped", extra={"header": name[:64]})
         return ok
+
+
+def _set_body(ctx: RequestContext, decision: Decision) -> dict:
+    """The members the route's `set_body` writes: only where the router chose the route (not to a
+    pinned model) and read the body."""
+    return ctx.engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}
 
 
 def _byte_span(body, key: str) -> tuple[int, int] | None:

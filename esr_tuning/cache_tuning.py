@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_cache.keys import scope_key
+from esr_extproc.request_body import cache_view_of
 from esr_cache.semantic import SemanticIndex
 
 THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.50 ... 0.95
@@ -24,7 +25,7 @@ def replay(routes: Sequence[str], texts: Sequence[str], intents: Sequence[str], 
     had one (an earlier request of their intent, answered by the backend, in the scope)."""
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
-    index, kept = SemanticIndex(per_scope=1_000_000), dict[str, int]()
+    index, kept = SemanticIndex(max_bytes=10**12, per_scope=1_000_000), dict[str, int]()
     out = {r: {"requests": 0, "false_hits": 0, "paraphrase_hits": 0, "eligible": 0} for r in semantic}
     seen: dict[str, set[str]] = {}
     for i in order:
@@ -33,7 +34,8 @@ def replay(routes: Sequence[str], texts: Sequence[str], intents: Sequence[str], 
             continue
         row = out[route]
         row["requests"] += 1
-        scope = scope_key("tenant", route, {"messages": [{"role": "user", "content": texts[i]}]})
+        view = cache_view_of({"messages": [{"role": "user", "content": texts[i]}]})
+        scope = scope_key("tenant", route, view.members, view.history or "")
         row["eligible"] += intents[i] in seen.get(scope, set())
         near = index.nearest(scope, vectors[i], threshold)
         if near is not None and texts[kept[near[0]]] != texts[i]:

@@ -11,7 +11,8 @@ import pytest
 from esr_cache import answers
 from esr_cache.cache import ResponseCache, opted_out
 from esr_cache.config import CacheConfig
-from esr_cache.keys import request_key, tenant_of
+from esr_cache.keys import request_key, scope_key, tenant_of
+from esr_extproc.request_body import cache_view_of
 from esr_cache.store import Entry, MemoryStore
 from esr_config import ConfigError, parse_config
 
@@ -26,15 +27,24 @@ def chunk(delta, finish=None, index=0, **extra):
             "choices": [{"index": index, "delta": delta, "finish_reason": finish}], **extra}
 
 
+def key_of(tenant, model, body):
+    return request_key(tenant, model, cache_view_of(body).members)
+
+
+def scope_of(tenant, model, body):
+    view = cache_view_of(body)
+    return scope_key(tenant, model, view.members, view.history)
+
+
 def test_the_key_holds_what_can_change_the_answer_and_nothing_of_the_transport():
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
-    key = request_key("t", "m", body)
-    assert request_key("t", "m", {**body, "stream": True, "stream_options": {"include_usage": True}}) == key
-    assert request_key("t", "m", {**body, "model": "other-alias"}) == key  # the routed model stands for it
-    for other in (request_key("u", "m", body), request_key("t", "m2", body),
-                  request_key("t", "m", {**body, "temperature": 1}),
-                  request_key("t", "m", {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}),
-                  request_key("t", "m", {**body, "messages": [{"role": "user", "content": "x"}, *body["messages"]]})):
+    key = key_of("t", "m", body)
+    assert key_of("t", "m", {**body, "stream": True, "stream_options": {"include_usage": True}}) == key
+    assert key_of("t", "m", {**body, "model": "other-alias"}) == key  # the routed model stands for it
+    for other in (key_of("u", "m", body), key_of("t", "m2", body),
+                  key_of("t", "m", {**body, "temperature": 1}),
+                  key_of("t", "m", {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                  key_of("t", "m", {**body, "messages": [{"role": "user", "content": "x"}, *body["messages"]]})):
         assert other != key
     assert tenant_of({"authorization": "Bearer a"}, None) != tenant_of({"authorization": "Bearer b"}, None)
     assert "Bearer" not in tenant_of({"authorization": "Bearer a"}, None)
@@ -113,15 +123,18 @@ def test_opt_outs_and_the_section_checks():
 
 
 def test_semantic_scope_is_everything_but_the_last_user_turn():
-    from esr_cache.keys import last_user_text, scope_key
+    from esr_cache.keys import last_user_text
 
     turn = {"role": "user", "content": "what is your name"}
     body = {"messages": [{"role": "system", "content": "be brief"}, turn], "temperature": 0}
     other_turn = {**body, "messages": [body["messages"][0], {"role": "user", "content": "what should I call you"}]}
-    assert scope_key("t", "m", body) == scope_key("t", "m", other_turn)
-    assert scope_key("t", "m", body) != scope_key("t", "m", {**body, "temperature": 1})
-    assert scope_key("t", "m", body) != scope_key("t", "m", {**body, "messages": [turn]})  # another conversation
-    assert scope_key("t", "m", body) != scope_key("u", "m", body)
+    assert scope_of("t", "m", body) == scope_of("t", "m", other_turn)
+    assert scope_of("t", "m", body) != scope_of("t", "m", {**body, "temperature": 1})
+    assert scope_of("t", "m", body) != scope_of("t", "m", {**body, "messages": [turn]})  # another conversation
+    assert scope_of("t", "m", body) != scope_of("u", "m", body)
+    assert cache_view_of(body).last_turn == "what is your name"
+    # A turn the encoder may not read whole is matched exactly only: its tail could hide anything.
+    assert cache_view_of({"messages": [{"role": "user", "content": "what is your name? " + "x " * 300}]}).last_turn is None
     assert last_user_text(body) == "what is your name"
     assert last_user_text({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}) is None
     assert last_user_text({"messages": [{"role": "assistant", "content": "x"}]}) is None
@@ -144,6 +157,55 @@ def test_the_index_finds_the_nearest_earlier_turn_at_the_threshold_and_stays_bou
     index.add("t", e[0], "x")
     index.add("u", e[0], "y")  # three scopes: s, the least recently added to, goes
     assert index.nearest("s", e[2], 0.5) is None and index.nearest("u", e[0], 0.5) == ("y", pytest.approx(1.0))
+
+
+def test_the_index_is_bounded_in_bytes_forgets_gone_answers_and_one_encoders_vectors():
+    import numpy as np
+
+    from esr_cache.cache import ResponseCache
+    from esr_cache.config import CacheConfig
+    from esr_cache.semantic import ENTRY_OVERHEAD, SemanticIndex
+
+    vector = (np.ones(384) / np.sqrt(384)).astype(np.float32)
+    per_entry = vector.nbytes + len("k00000") + ENTRY_OVERHEAD
+    index = SemanticIndex(max_bytes=10 * per_entry)
+    for i in range(25):
+        index.add(f"scope{i % 5}", vector, f"k{i:05d}")
+    assert len(index) == 10 and index.bytes == 10 * per_entry  # the oldest went first
+    index.remove("k00024")
+    assert len(index) == 9 and index.bytes == 9 * per_entry
+    assert index.use_encoder("a") is False and index.use_encoder("b") is True and len(index) == index.bytes == 0
+
+    # An answer pushed out of the store takes its index entry with it, and both count in cache_bytes.
+    cache = ResponseCache(CacheConfig(enabled=True, max_bytes=4096, max_entry_bytes=4096))
+    answer = json.dumps({"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "x" * 1500}, "finish_reason": "stop"}]}).encode()
+    cache.keep("first", answer, 0.1, "scope", vector)
+    cache.keep("second", answer, 0.1, "scope", vector * -1)
+    assert len(cache.index) == 2
+    cache.keep("third", answer, 0.1, "scope", vector)  # the store holds two: "first" goes from both
+    assert "first" not in cache.memory and len(cache.index) == 2
+    assert cache.index.nearest("scope", vector, 0.99)[0] == "third"
+
+
+def test_a_malformed_shared_index_record_is_skipped_and_the_rest_read(caplog):
+    import base64
+
+    import numpy as np
+
+    from esr_cache.redis_store import RedisStore
+    from esr_cache.semantic import SemanticIndex
+
+    index = SemanticIndex()
+    index.use_encoder("enc")
+    good = {b"scope": b"s", b"key": b"k", b"encoder": b"enc",
+            b"vector": base64.b64encode(np.ones(4, np.float32).tobytes())}
+    records = [(b"1-0", {b"scope": b"s", b"encoder": b"enc"}), (b"2-0", {**good, b"vector": b"%%%"}),
+               (b"3-0", {**good, b"vector": base64.b64encode(np.array([np.nan] * 4, np.float32).tobytes())}),
+               (b"4-0", {**good, b"key": b"other", b"encoder": b"old"}), (b"5-0", good)]
+    assert RedisStore._feed(index, [(b"stream", records)], "0-0") == b"5-0"
+    assert len(index) == 1 and index.nearest("s", np.ones(4, np.float32) / 2, 0.5)[0] == "k"
+    assert sum("record skipped" in r.getMessage() for r in caplog.records) == 3
 
 
 def test_semantic_routes_must_be_routes():

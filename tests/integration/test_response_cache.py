@@ -19,6 +19,7 @@ def cached_stack(tmp_path_factory, envoy_binary):
     def cached(config):
         config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
         config["cache"] = {"enabled": True}
+        config["routes"][0]["set_body"] = {"reasoning_effort": "high"}  # math
 
     with stack_with(tmp_path_factory.mktemp("cached"), cached) as s:
         yield s
@@ -124,3 +125,35 @@ def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(sem
     ask(semantic_stack, key, f"write a python function that reverses a list {tag}")
     code = ask(semantic_stack, key, f"please write a python function that reverses a list {tag}")
     assert "x-semantic-cache" not in code.headers and semantic_stack.backends.attempts[key] == 6
+
+
+def test_the_key_is_the_body_as_forwarded_so_pinned_and_routed_answers_stay_apart(cached_stack):
+    """The math route's set_body adds reasoning_effort: a pinned request to math-model that does
+    not send it is another request to the backend, and takes (or gives) no answer of the routed one."""
+    key, prompt = uuid.uuid4().hex, f"solve the equation 7x = 14 ({uuid.uuid4().hex[:6]})"
+
+    def send(model: str, **extra) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], **extra}
+        return httpx.post(f"{cached_stack.url}/v1/chat/completions", json=body, timeout=30,
+                          headers={"x-mock-key": key, "authorization": "Bearer sk-forwarded"})
+
+    pinned = send("math-model")
+    assert pinned.headers["x-semantic-route-reason"] == "model_pinned"
+    assert "reasoning_effort" not in pinned.json()["mock"]["fields"]
+    routed = send("auto")
+    assert routed.headers["x-semantic-route"] == "math" and "x-semantic-cache" not in routed.headers
+    assert routed.json()["mock"]["fields"]["reasoning_effort"] == "high"
+    assert cached_stack.backends.attempts[key] == 2
+    assert send("auto").headers["x-semantic-cache"] == "hit" and send("math-model").headers["x-semantic-cache"] == "hit"
+    # A pinned request that sends what the route would have added is the same request to the backend.
+    same = send("math-model", reasoning_effort="high")
+    assert same.headers["x-semantic-cache"] == "hit" and same.json()["mock"]["fields"]["reasoning_effort"] == "high"
+    assert cached_stack.backends.attempts[key] == 2
+
+
+def test_a_key_repeated_in_a_member_nobody_reads_is_refused_before_the_cache_keys_it(cached_stack):
+    raw = (b'{"model":"auto","metadata":{"team":"a","team":"b"},'
+           b'"messages":[{"role":"user","content":"solve 2x = 8"}]}')
+    r = httpx.post(f"{cached_stack.url}/v1/chat/completions", content=raw, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "duplicate_key" and "x-mock-backend" not in r.headers

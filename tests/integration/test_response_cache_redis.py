@@ -80,3 +80,27 @@ def test_redis_killed_under_load_fails_no_request_and_routing_goes_on(tmp_path_f
         text = scrape(stack.metrics_url)
         assert metric(text, "semantic_router_cache_skips_total", 'reason="store_unavailable"') > 0
     redis.stop()
+
+
+def test_an_unreadable_shared_entry_is_a_miss_and_the_request_is_routed(two_routers, redis_server):
+    """A damaged or foreign value under a request's key once raised inside the ext_proc stream (Envoy
+    then passed the request on unrouted): now it is a miss, logged, and the request routes."""
+    import json
+
+    import redis as redis_client
+
+    from esr_cache.keys import request_key, tenant_of
+    from esr_extproc.request_body import cache_view_of
+
+    a, _ = two_routers
+    key, prompt = uuid.uuid4().hex, f"solve the equation 9x = 18 {uuid.uuid4().hex[:6]}"
+    body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
+    entry = request_key(tenant_of({"authorization": "Bearer sk-team"}, None), "math-model",
+                        cache_view_of(body).members)
+    with redis_client.Redis.from_url(redis_server.url) as r:
+        r.set("esr:cache:" + entry, b"\x80not json", ex=60)
+    answer = httpx.post(f"{a.url}/v1/chat/completions", timeout=30, content=json.dumps(body, separators=(",", ":")),
+                        headers={"x-mock-key": key, "authorization": "Bearer sk-team",
+                                 "content-type": "application/json"})
+    assert answer.status_code == 200 and answer.headers["x-semantic-route-reason"] == "matched"
+    assert "x-semantic-cache" not in answer.headers and a.backends.attempts[key] == 1
