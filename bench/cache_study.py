@@ -27,7 +27,7 @@ from bench.report import emit
 from esr_app.quality_cli import offline
 from esr_cache.keys import scope_key
 from esr_extproc.request_body import cache_view_of
-from esr_cache.semantic import SemanticIndex
+from esr_cache.semantic import SemanticIndex, turn_length
 from esr_config import load_config
 from pathlib import Path
 
@@ -53,7 +53,7 @@ def clinc(encode, threshold: float, rows: list[dict], vectors: np.ndarray) -> di
         fixed_earlier = intent in FIXED and intent in seen_intents.get(scope, set())
         eligible += fixed_earlier
         if route in SEMANTIC_ROUTES:
-            near = index.nearest(scope, vectors[i], threshold)
+            near = index.nearest(scope, vectors[i], threshold, turn_length(text))
             if near is not None:
                 earlier = made_for[near[0]]
                 if earlier["text"] != text:
@@ -62,7 +62,7 @@ def clinc(encode, threshold: float, rows: list[dict], vectors: np.ndarray) -> di
                     false += not same
                     paraphrase += same and fixed_earlier
                     continue  # answered from the cache: nothing new kept
-            index.add(scope, vectors[i], str(i))
+            index.add(scope, vectors[i], str(i), turn_length(text))
             made_for[str(i)] = row
         seen_intents.setdefault(scope, set()).add(intent)
     return {"threshold": threshold, "requests": len(rows), "semantic_hits": hits, "false_hits": false,

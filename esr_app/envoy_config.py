@@ -213,8 +213,10 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
             "route_config": {
                 "name": "llm_routes",
                 # Only the router may set these; a client's copies are dropped before any filter or
-                # route sees them, also while the router is down.
-                "internal_only_headers": list(ROUTER_HEADERS),
+                # route sees them, also while the router is down. The cache's tenant header too: a
+                # client that could write it could read another tenant's answers (README, "Response
+                # cache": an authenticating filter placed before the router sets it).
+                "internal_only_headers": list(ROUTER_HEADERS) + _tenant_header(config),
                 "virtual_hosts": [
                     {
                         "name": "llm",
@@ -243,6 +245,11 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
             ],
         },
     }
+
+
+def _tenant_header(config: RouterConfig) -> list[str]:
+    header = config.cache.tenant_header if config.cache.enabled else None
+    return [header] if header else []
 
 
 def _router_cluster(config: RouterConfig) -> dict:

@@ -8,12 +8,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Mapping
 
-import numpy as np
 
 from esr_cache import answers, metrics
 from esr_cache.config import CacheConfig
 from esr_cache.keys import request_key, scope_key, tenant_of
-from esr_cache.semantic import SemanticIndex
+from esr_cache.semantic import SemanticIndex, Turn
 from esr_cache.store import Entry, MemoryStore, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -89,13 +88,14 @@ class ResponseCache:
         """The scope a request may match semantically in, when its route is one of `semantic_routes`."""
         return scope_key(tenant, model, members, history) if route in self.config.semantic else None
 
-    async def lookup(self, key: str, stream: bool, scope: str | None = None, vector: np.ndarray | None = None,
+    async def lookup(self, key: str, stream: bool, turn: Turn | None = None,
                      threshold: float | None = None) -> tuple[bytes, dict[str, str]] | None:
-        """The replay of a hit (body, headers), or None: the same request's answer, else (given the
-        scope and the last turn's embedding) the answer to the closest earlier turn in the scope."""
+        """The replay of a hit (body, headers), or None: the same request's answer, else (given its
+        last turn) the answer to the closest earlier turn in the turn's scope."""
         entry, match = await self._get(key), "exact"
-        if entry is None and scope is not None and vector is not None:
-            near = self.index.nearest(scope, vector, self.config.semantic_threshold if threshold is None else threshold)
+        if entry is None and turn is not None:
+            near = self.index.nearest(turn.scope, turn.vector,
+                                      self.config.semantic_threshold if threshold is None else threshold, turn.length)
             entry, match = (await self._get(near[0]) if near else None), "semantic"
             if near is not None and entry is None and self.shared is not None:
                 self.index.remove(near[0])  # its answer expired in Redis (or was evicted there)
@@ -110,8 +110,7 @@ class ResponseCache:
         return body, {"content-type": "text/event-stream" if stream else "application/json",
                       "x-semantic-cache": "hit", "x-semantic-cache-match": match, "age": str(int(age))}
 
-    def keep(self, key: str, raw: bytes, upstream_s: float, scope: str | None = None,
-             vector: np.ndarray | None = None) -> None:
+    def keep(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None = None) -> None:
         """Keeps a whole 200 answer (JSON or an event stream) for `key` (in Redis: written in the
         background, the answer already on its way)."""
         answer, why = answers.read(raw)
@@ -120,22 +119,22 @@ class ResponseCache:
             return
         entry = Entry(answer, len(raw), upstream_s)
         if self.shared is not None:
-            self._spawn(self._put_shared(key, entry, scope, vector))
+            self._spawn(self._put_shared(key, entry, turn))
             return
         self.memory.put(key, entry)
-        if scope is not None and vector is not None and key in self.memory:
-            self.index.add(scope, vector, key)
+        if turn is not None and key in self.memory:
+            self.index.add(turn.scope, turn.vector, key, turn.length)
         metrics.STORES.inc()
         self._count_bytes()
 
-    async def _put_shared(self, key: str, entry: Entry, scope: str | None, vector: np.ndarray | None) -> None:
+    async def _put_shared(self, key: str, entry: Entry, turn: Turn | None) -> None:
         assert self.shared is not None
         try:
             await self.shared.put(key, entry)
-            if scope is not None and vector is not None:
-                self.index.add(scope, vector, key)
+            if turn is not None:
+                self.index.add(turn.scope, turn.vector, key, turn.length)
                 self._count_bytes()
-                await self.shared.publish(scope, vector, key, self.index.encoder or "")
+                await self.shared.publish(turn, key, self.index.encoder or "")
         except StoreUnavailable:
             metrics.SKIPS.labels("store_unavailable").inc()
             return

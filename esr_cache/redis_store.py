@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis
 
-from esr_cache.semantic import SemanticIndex
+from esr_cache.semantic import SemanticIndex, Turn
 from esr_cache.store import Entry, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,9 @@ class RedisStore:
         data = {"answer": entry.answer, "size": entry.size, "upstream_s": entry.upstream_s, "stored_at": entry.stored_at}
         await self._call(self._client.set(self.prefix + key, json.dumps(data), ex=max(1, int(self.ttl_s))))
 
-    async def publish(self, scope: str, vector: np.ndarray, key: str, encoder: str) -> None:
-        fields: dict[Any, Any] = {"scope": scope, "key": key, "encoder": encoder,
-                                  "vector": base64.b64encode(np.asarray(vector, np.float32).tobytes())}
+    async def publish(self, turn: Turn, key: str, encoder: str) -> None:
+        fields: dict[Any, Any] = {"scope": turn.scope, "key": key, "encoder": encoder, "length": turn.length,
+                                  "vector": base64.b64encode(np.asarray(turn.vector, np.float32).tobytes())}
         await self._call(self._client.xadd(self.prefix + _INDEX_STREAM, fields, maxlen=_INDEX_MAXLEN,
                                            approximate=True))
 
@@ -88,7 +88,7 @@ class RedisStore:
                     vector = np.frombuffer(base64.b64decode(fields[b"vector"], validate=True), np.float32)
                     if vector.size == 0 or not np.all(np.isfinite(vector)):
                         raise ValueError("empty or not finite")
-                    index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode())
+                    index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode(), int(fields.get(b"length", 0)))
                 except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
                     log.warning("semantic index record skipped", extra={"record": str(record_id)[:64],
                                                                        "error": type(exc).__name__})

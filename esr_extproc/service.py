@@ -10,7 +10,6 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import AsyncIterator, NamedTuple
 
-import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -21,6 +20,7 @@ from filters.chain import FilterChain
 from filters.context import ImmediateReply, RequestContext
 from router.config import RequestsConfig
 from esr_cache.cache import ResponseCache, opted_out
+from esr_cache.semantic import Turn, turn_length
 from esr_extproc.request_body import AMBIGUOUS, BadBody, CacheView, member_bytes, member_digest, with_members
 from esr_extproc import metrics
 from router.classifier import Decision
@@ -63,7 +63,7 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "sent_at", "cache_scope", "cache_vector", "cache_view")
+                 "answer_bytes", "sent_at", "cache_turn", "cache_view")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -81,8 +81,7 @@ class _Stream:
         self.answer: list[bytes] = []
         self.answer_bytes = 0
         self.sent_at = 0.0
-        self.cache_scope: str | None = None  # semantic matching: the scope and last turn's embedding
-        self.cache_vector: np.ndarray | None = None
+        self.cache_turn: Turn | None = None  # semantic matching: the last user turn, embedded
         self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
 
     @property
@@ -273,11 +272,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if scope is not None and view.last_turn is not None:
             # Routing has usually embedded this turn already: the engine's cache answers.
             try:
-                stream.cache_scope, stream.cache_vector = scope, await ctx.engine.embed(view.last_turn, ctx.deadline)
+                vector = await ctx.engine.embed(view.last_turn, ctx.deadline)
+                stream.cache_turn = Turn(scope, vector, turn_length(view.last_turn))
             except RoutingUnavailable:
-                stream.cache_scope = None  # exact matching only, this once
-        hit = await cache.lookup(key, view.stream, stream.cache_scope, stream.cache_vector,
-                                 cache.config.threshold_of(decision.route))
+                pass  # exact matching only, this once
+        hit = await cache.lookup(key, view.stream, stream.cache_turn, cache.config.threshold_of(decision.route))
         if hit is None:
             stream.cache_key = key
         return hit
@@ -294,7 +293,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if chunk.end_of_stream:
                 try:
                     cache.keep(stream.cache_key, b"".join(stream.answer),
-                               time.monotonic() - stream.sent_at, stream.cache_scope, stream.cache_vector)
+                               time.monotonic() - stream.sent_at, stream.cache_turn)
                 except Exception as exc:  # the answer is already on its way: only its keeping fails
                     log.warning("response cache keep failed", extra={"error": type(exc).__name__})
                     cache.skipped("error")

@@ -13,7 +13,7 @@ import numpy as np
 
 from esr_cache.keys import scope_key
 from esr_extproc.request_body import cache_view_of
-from esr_cache.semantic import SemanticIndex
+from esr_cache.semantic import SemanticIndex, turn_length
 
 THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.50 ... 0.95
 MAX_FALSE_SHARE = 0.005  # of a route's requests
@@ -37,12 +37,12 @@ def replay(routes: Sequence[str], texts: Sequence[str], intents: Sequence[str], 
         view = cache_view_of({"messages": [{"role": "user", "content": texts[i]}]})
         scope = scope_key("tenant", route, view.members, view.history or "")
         row["eligible"] += intents[i] in seen.get(scope, set())
-        near = index.nearest(scope, vectors[i], threshold)
+        near = index.nearest(scope, vectors[i], threshold, turn_length(texts[i]))
         if near is not None and texts[kept[near[0]]] != texts[i]:
             same = intents[kept[near[0]]] == intents[i]
             row["false_hits" if not same else "paraphrase_hits"] += 1
             continue  # answered from the cache: nothing new kept
-        index.add(scope, vectors[i], str(i))
+        index.add(scope, vectors[i], str(i), turn_length(texts[i]))
         kept[str(i)] = i
         seen.setdefault(scope, set()).add(intents[i])
     return out

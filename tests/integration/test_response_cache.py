@@ -157,3 +157,21 @@ def test_a_key_repeated_in_a_member_nobody_reads_is_refused_before_the_cache_key
     r = httpx.post(f"{cached_stack.url}/v1/chat/completions", content=raw, timeout=30,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "duplicate_key" and "x-mock-backend" not in r.headers
+
+
+def test_a_client_cannot_write_the_tenant_header(tmp_path_factory, envoy_binary):
+    """With cache.tenant_header the rendered Envoy drops the client's copy before any filter: two
+    clients naming different tenants (or another's) are one tenant, the one without credentials."""
+    def tenants(config):
+        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["cache"] = {"enabled": True, "tenant_header": "x-tenant"}
+
+    with stack_with(tmp_path_factory.mktemp("tenants"), tenants) as stack:
+        key, prompt = uuid.uuid4().hex, f"solve 3x = 12 ({uuid.uuid4().hex[:6]})"
+        body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
+        first = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
+                           headers={"x-mock-key": key, "x-tenant": "team-a"})
+        assert "x-tenant" not in first.json()["mock"]["headers"]  # neither the router nor the backend saw it
+        second = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
+                            headers={"x-mock-key": key, "x-tenant": "team-b"})
+        assert second.headers["x-semantic-cache"] == "hit" and stack.backends.attempts[key] == 1
