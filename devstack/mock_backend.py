@@ -62,7 +62,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         pause = float(request.headers.get("x-mock-chunk-delay-ms", 0)) / 1000
         resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
         await resp.prepare(request)
-        for i, piece in enumerate(text.split(" ")):
+        # A long answer on request: x-mock-chunks events of one short word each (a token a chunk).
+        pieces = text.split(" ") + [f"w{i}" for i in range(int(request.headers.get("x-mock-chunks", 0)))]
+        for i, piece in enumerate(pieces):
             await asyncio.sleep(pause)
             chunk = {
                 "id": "chatcmpl-mock",

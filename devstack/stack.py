@@ -77,8 +77,10 @@ class Stack:
         router_env: Mapping[str, str] | None = None,
         capture_logs: bool = True,
         launch_router: bool = True,
+        envoy_config: Path | None = None,
     ):
-        """launch_router=False: the caller runs a router on ports.router_grpc itself."""
+        """launch_router=False: the caller runs a router on ports.router_grpc itself. envoy_config:
+        the router config Envoy's is rendered from, when not the router's own."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ports = ports
@@ -87,6 +89,7 @@ class Stack:
         self.router_env = dict(router_env or {})
         self.capture_logs = capture_logs
         self.launch_router = launch_router
+        self.envoy_config = Path(envoy_config) if envoy_config is not None else self.router_config
         self.backends = MockBackends(ports.backends)
         self.router: subprocess.Popen | None = None
         self.envoy: subprocess.Popen | None = None
@@ -162,7 +165,7 @@ class Stack:
 
     def start_envoy(self, timeout: float = 60.0) -> None:
         rendered = self.workdir / "envoy.rendered.yaml"
-        rendered.write_text(render_yaml(on_stack_ports(load_config(self.router_config), self.ports)))
+        rendered.write_text(render_yaml(on_stack_ports(load_config(self.envoy_config), self.ports)))
         cmd = [find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
         out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
         self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
@@ -184,12 +187,20 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack_with(workdir: Path, change: Callable[[dict], None]) -> Iterator[Stack]:
-    """A private stack on router.yaml as `change` edits it (Envoy's config rendered from the edit)."""
+def stack_with(workdir: Path, change: Callable[[dict], None],
+               envoy_change: Callable[[dict], None] | None = None) -> Iterator[Stack]:
+    """A private stack on router.yaml as `change` edits it (Envoy's config rendered from the edit,
+    or from it as `envoy_change` edits it further: a gateway that differs from the router's own)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     change(config)
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
-    s = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
+    envoy_config = None
+    if envoy_change is not None:
+        envoy_change(config)
+        envoy_config = workdir / "envoy-source.yaml"
+        envoy_config.write_text(yaml.safe_dump(config))
+    s = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml",
+              envoy_config=envoy_config)
     s.start()
     try:
         yield s

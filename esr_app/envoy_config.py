@@ -14,7 +14,9 @@ import yaml
 from esr_config import RouterConfig
 
 from esr_extproc.config import BackendConfig
-from esr_extproc.headers import LLM_PATHS, ROUTER_HEADERS, SELECTED_MODEL, SHOWN_TO_CLIENTS
+from esr_extproc import keeper
+from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, LLM_PATHS, ROUTER_HEADERS, SELECTED_MODEL,
+                                 SHOWN_TO_CLIENTS)
 
 ROUTER_CLUSTER = "semantic_router"
 ADMIN_CLUSTER = "envoy_admin"
@@ -166,6 +168,8 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "failure_mode_allow": True,
             "message_timeout": _ms(timeout),
             "allow_mode_override": True,
+            # Where the router names a kept answer's entry for the cache keeper (_cache_keeper).
+            "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE]}},
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
@@ -176,6 +180,55 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             },
         },
     }
+
+
+# The response cache's answer keeper (esr_extproc/keeper.py). On the request: tells the router it is
+# here (a header only it can set: Envoy has dropped every client's copy). On the answer: when the
+# router named an entry, copies each chunk as it passes on to the client (nothing is held back)
+# and, at the end, hands the whole answer to the router in one gRPC call, not waited for. An answer
+# past the entry limit is not copied on; its size alone is sent (the router counts it too_large).
+_KEEPER_LUA = """
+local NAMESPACE, LIMIT = "%(namespace)s", %(limit)d
+
+function envoy_on_request(handle)
+  handle:headers():replace("%(keeper)s", "lua")
+end
+
+local function be32(n)
+  return string.char(math.floor(n / 16777216) %% 256, math.floor(n / 65536) %% 256,
+                     math.floor(n / 256) %% 256, n %% 256)
+end
+
+function envoy_on_response(handle)
+  local named = handle:streamInfo():dynamicMetadata():get(NAMESPACE)
+  if named == nil or named["entry"] == nil then
+    return
+  end
+  local parts, size = {}, 0
+  for chunk in handle:bodyChunks() do
+    local n = chunk:length()
+    size = size + n
+    if size <= LIMIT and n > 0 then
+      parts[#parts + 1] = chunk:getBytes(0, n)
+    end
+  end
+  local answer = size <= LIMIT and table.concat(parts) or ""
+  handle:httpCall("%(cluster)s", {
+    [":method"] = "POST", [":path"] = "%(method)s", [":authority"] = "%(cluster)s",
+    ["content-type"] = "application/grpc", ["te"] = "trailers",
+    ["%(entry)s"] = named["entry"], ["%(size)s"] = tostring(size),
+  }, "\\0" .. be32(#answer) .. answer, 5000, true)
+end
+"""
+
+
+def _cache_keeper(config: RouterConfig) -> dict:
+    code = _KEEPER_LUA % {"namespace": CACHE_NAMESPACE, "limit": config.cache.max_entry_bytes, "keeper": CACHE_KEEPER,
+                          "cluster": ROUTER_CLUSTER, "method": keeper.METHOD, "entry": keeper.ENTRY,
+                          "size": keeper.SIZE}
+    return {"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {"inline_string": code}}}
 
 
 def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> dict:
@@ -216,7 +269,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 # route sees them, also while the router is down. The cache's tenant header too: a
                 # client that could write it could read another tenant's answers (README, "Response
                 # cache": an authenticating filter placed before the router sets it).
-                "internal_only_headers": list(ROUTER_HEADERS) + _tenant_header(config),
+                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, *_tenant_header(config)],
                 "virtual_hosts": [
                     {
                         "name": "llm",
@@ -240,6 +293,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                         "headers": [{"name": ":path", "string_match": {"exact": "/healthz"}}],
                     },
                 },
+                *([_cache_keeper(config)] if config.cache.enabled else []),
                 _ext_proc_filter(config),
                 _router_filter(),
             ],

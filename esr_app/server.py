@@ -27,6 +27,7 @@ from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
 from esr_extproc.service import ExtProcService, Serving
+from esr_extproc.keeper import CacheKeeper
 from filters.chain import FilterChain
 from esr_modelsock.client import ModelClient
 from esr_app import metrics
@@ -106,6 +107,8 @@ class RouterServer:
         try:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
             ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
+            if self.ext_proc.cache is not None:  # answers Envoy's keeper hands back (esr_extproc/keeper.py)
+                self.grpc.add_generic_rpc_handlers((CacheKeeper(self.ext_proc.cache).handler(),))
             FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads
             self.ext_proc.start()  # its worker process starts while the model loads
             if self.ext_proc.cache is not None:

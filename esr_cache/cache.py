@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+READ_INLINE = 64 * 1024  # an answer this long is read on the event loop (well under a millisecond)
 OPT_OUT = "x-semantic-cache"  # a request with `x-semantic-cache: bypass` is neither answered nor kept
 
 
@@ -113,11 +114,29 @@ class ResponseCache:
     def keep(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None = None) -> None:
         """Keeps a whole 200 answer (JSON or an event stream) for `key` (in Redis: written in the
         background, the answer already on its way)."""
-        answer, why = answers.read(raw)
+        self._store(key, answers.read(raw), len(raw), upstream_s, turn)
+
+    def keep_soon(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None = None) -> None:
+        """keep, with an answer larger than READ_INLINE read on a thread: a long stream's events
+        (a 1 MiB answer: ~10,000) must not hold the event loop while they are added up."""
+        if len(raw) <= READ_INLINE:
+            self.keep(key, raw, upstream_s, turn)
+        else:
+            self._spawn(self._keep_read_aside(key, raw, upstream_s, turn))
+
+    async def _keep_read_aside(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None) -> None:
+        try:
+            self._store(key, await asyncio.to_thread(answers.read, raw), len(raw), upstream_s, turn)
+        except Exception as exc:
+            log.warning("response cache keep failed", extra={"error": type(exc).__name__})
+            metrics.SKIPS.labels("error").inc()
+
+    def _store(self, key: str, read: answers.Read, size: int, upstream_s: float, turn: Turn | None) -> None:
+        answer, why = read
         if answer is None:
             metrics.SKIPS.labels(why).inc()
             return
-        entry = Entry(answer, len(raw), upstream_s)
+        entry = Entry(answer, size, upstream_s)
         if self.shared is not None:
             self._spawn(self._put_shared(key, entry, turn))
             return

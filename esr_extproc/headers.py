@@ -9,6 +9,12 @@ CONFIDENCE = "x-semantic-route-confidence"  # the probability the route is right
 TRUNCATED = "x-semantic-route-truncated"  # set when the routed text was longer than the encoder reads
 
 ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED)
+# Set by the rendered Envoy config's answer keeper (a Lua filter before the router, after Envoy has
+# dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
+# router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
+CACHE_KEEPER = "x-semantic-cache-keeper"
+# The dynamic-metadata namespace the router names a kept answer's entry in, for that keeper.
+CACHE_NAMESPACE = "semantic_router.cache"
 SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED)  # copied onto responses by Envoy
 
 # Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy

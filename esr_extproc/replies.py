@@ -12,7 +12,7 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-from esr_extproc.headers import ROUTER_HEADERS  # a client's copies are removed at the headers phase
+from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, ROUTER_HEADERS
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
@@ -41,10 +41,13 @@ def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
     ]
 
 
-_STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS))
+# A client's copies of the router's headers, and the keeper's header (for the router only), are
+# removed at the headers phase.
+_STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER)
+_STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=_STRIPPED))
 # A route may already have been picked on the spoofed value: make Envoy pick again without it.
 _STRIP_AND_REROUTE = pb.CommonResponse(
-    header_mutation=pb.HeaderMutation(remove_headers=ROUTER_HEADERS), clear_route_cache=True
+    header_mutation=pb.HeaderMutation(remove_headers=_STRIPPED), clear_route_cache=True
 )
 
 
@@ -93,6 +96,12 @@ def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tupl
     if new_body is not None:
         common.body_mutation.body = new_body
     return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+
+
+def naming_cache_entry(answer: pb.ProcessingResponse, token: str) -> pb.ProcessingResponse:
+    """`answer` naming where Envoy's answer keeper hands the answer back (keeper.py), as dynamic metadata."""
+    answer.dynamic_metadata.update({CACHE_NAMESPACE: {"entry": token}})
+    return answer
 
 
 def immediate(reply: ImmediateReply, headers: Mapping[str, str],

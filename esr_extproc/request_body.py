@@ -314,12 +314,14 @@ def _check_names(data: Mapping[str, Any], path: str, tools: bool) -> None:
         _exact_names(m)
         if isinstance(m, dict):
             for member in ("content", "tool_calls"):
-                for part in m.get(member) if isinstance(m.get(member), list) else ():
+                parts = m.get(member)
+                for part in parts if isinstance(parts, list) else ():
                     _exact_names(part)
                     if isinstance(part, dict):
                         _exact_names(part.get("function"))
     for key in ("tools", "functions") if tools else ():
-        for tool in data.get(key) if isinstance(data.get(key), list) else ():
+        offered = data.get(key)
+        for tool in offered if isinstance(offered, list) else ():
             _exact_names(tool)
             if isinstance(tool, dict):
                 _exact_names(tool.get("function"))

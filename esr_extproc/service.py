@@ -25,7 +25,8 @@ from esr_extproc.request_body import AMBIGUOUS, BadBody, CacheView, member_bytes
 from esr_extproc import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
-from esr_extproc.headers import CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
+from esr_extproc.keeper import entry_token
+from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "sent_at", "cache_turn", "cache_view")
+                 "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -83,6 +84,7 @@ class _Stream:
         self.sent_at = 0.0
         self.cache_turn: Turn | None = None  # semantic matching: the last user turn, embedded
         self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
+        self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
 
     @property
     def llm_call(self) -> bool:
@@ -201,10 +203,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if opted_out(h):
                 self.cache.skipped("no_store")
             else:
-                # Its answer may be kept: Envoy is asked now (the only time it takes a new mode) to
-                # show the router the response too, streamed through as it comes.
                 stream.cache_tenant = self.cache.tenant(h)
-                return replies.headers_continue(spoofed, watch_response=True)
+                # Its answer may be kept: Envoy's keeper hands it back whole, or else Envoy is asked
+                # now (the only time it takes a new mode) to show it to the router as it streams past.
+                stream.kept_by_envoy = h.get(CACHE_KEEPER) == "lua"
+                return replies.headers_continue(spoofed, watch_response=not stream.kept_by_envoy)
         return replies.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
@@ -230,6 +233,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         metrics.PROCESSING.observe(time.perf_counter() - started)
         if stream.cache_key is not None:
             stream.sent_at = time.monotonic()  # what the backend takes from here is what a hit saves
+            if stream.kept_by_envoy:
+                response = replies.naming_cache_entry(response, entry_token(stream.cache_key, time.time(), stream.cache_turn))
+                stream.cache_key = None  # the keeper's call keeps it: nothing comes through this stream
         return response
 
     async def _from_cache(self, ctx: RequestContext, decision: Decision, stream: _Stream
@@ -292,7 +298,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.answer.append(chunk.body)
             if chunk.end_of_stream:
                 try:
-                    cache.keep(stream.cache_key, b"".join(stream.answer),
+                    cache.keep_soon(stream.cache_key, b"".join(stream.answer),
                                time.monotonic() - stream.sent_at, stream.cache_turn)
                 except Exception as exc:  # the answer is already on its way: only its keeping fails
                     log.warning("response cache keep failed", extra={"error": type(exc).__name__})

@@ -142,3 +142,16 @@ def test_cli_backend_flags_take_ipv6_literals_and_sni():
         run = subprocess.run([sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
                               "--backend", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert run.returncode == 2 and "MODEL=HOST:PORT" in run.stderr, bad
+
+
+def test_with_the_cache_the_keeper_runs_before_the_router_and_the_tenant_header_is_envoys(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, enabled=True, tenant_header="x-tenant"))
+    rendered = render(cfg)
+    hcm = rendered["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_proc")
+    assert {"x-tenant", "x-semantic-cache-keeper"} <= set(hcm["route_config"]["internal_only_headers"])
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)

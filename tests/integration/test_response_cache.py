@@ -12,6 +12,7 @@ import pytest
 
 from devstack.stack import stack_with
 from tests.integration.conftest import SESSION_DEADLINE_MS, metric, scrape
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +176,34 @@ def test_a_client_cannot_write_the_tenant_header(tmp_path_factory, envoy_binary)
         second = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
                             headers={"x-mock-key": key, "x-tenant": "team-b"})
         assert second.headers["x-semantic-cache"] == "hit" and stack.backends.attempts[key] == 1
+
+
+def _long_stream(stack, key: str, prompt: str) -> str:
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30,
+                      headers={"x-mock-key": key, "x-mock-chunks": "500"}) as r:
+        assert r.status_code == 200
+        return b"".join(r.iter_bytes()).decode()
+
+
+def test_a_500_chunk_answer_is_kept_by_envoys_keeper(cached_stack):
+    key, prompt = uuid.uuid4().hex, f"solve 11x = 22 ({uuid.uuid4().hex[:6]})"
+    first = _long_stream(cached_stack, key, prompt)
+    assert first.count("data: ") > 500 and first.endswith("data: [DONE]\n\n")
+    again = wait_for(lambda: (r := _long_stream(cached_stack, key, prompt)) and cached_stack.backends.attempts[key] == 1
+                     and r, 10, "the keeper's call kept the answer")
+    assert " w499" in again and cached_stack.backends.attempts[key] == 1
+
+
+def test_behind_a_gateway_without_the_keeper_the_router_watches_the_answer(tmp_path_factory, envoy_binary):
+    """Envoy rendered without the cache (so without the keeper), the router's cache on: the router
+    asks Envoy at the headers phase to stream the answer through it, as on any other gateway."""
+    def cached(config):
+        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["cache"] = {"enabled": True}
+
+    with stack_with(tmp_path_factory.mktemp("no-keeper"), cached, envoy_change=lambda c: c.pop("cache")) as stack:
+        key, prompt = uuid.uuid4().hex, f"solve 13x = 26 ({uuid.uuid4().hex[:6]})"
+        first = _long_stream(stack, key, prompt)
+        again = _long_stream(stack, key, prompt)
+        assert " w499" in first and " w499" in again and stack.backends.attempts[key] == 1

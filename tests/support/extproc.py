@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from batching import BatcherSettings, ContinuousBatcher
 from esr_app.routing_build import service_settings
 from esr_config import parse_config
+from esr_extproc.keeper import CacheKeeper
 from esr_extproc.service import ExtProcService, Serving
 from filters.chain import FilterChain
 from router.classifier import RouteClassifier
@@ -65,17 +66,20 @@ def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
 class Harness:
     """A real grpc.aio server on loopback carrying the ext_proc service; one client stream per call."""
 
-    def __init__(self, config=CONFIG, backend=None):
+    def __init__(self, config=CONFIG, backend=None, cache=None):
         self.config = parse_config(config)
         self.backend = backend or FakeBackend()
+        self.cache = cache  # a ResponseCache, served with its keeper as RouterServer does
 
     async def __aenter__(self):
         self.batcher = ContinuousBatcher(self.backend, BatcherSettings())
         self.batcher.start()
         classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
         self.server = grpc.aio.server()
-        self.service = ExtProcService()
+        self.service = ExtProcService(cache=self.cache)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
+        if self.cache is not None:
+            self.server.add_generic_rpc_handlers((CacheKeeper(self.cache).handler(),))
         engine = RoutingEngine(self.config, self.batcher, classifier)
         chain = await FilterChain.for_engine(engine, self.config.filters, self.config.filter_settings)
         self.service.serve(Serving(engine, chain, service_settings(self.config)))  # as RouterServer does
