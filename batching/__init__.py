@@ -6,7 +6,8 @@ Knows nothing of Envoy, HTTP or routes: callers hand it text and a deadline and 
 from batching.backend import Backend, Embedder
 from batching.batcher import ContinuousBatcher
 from batching.cost_model import BatchCostModel
-from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, RemoteError, WouldMissDeadline
+from batching.errors import (BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavailable, Overloaded, RemoteError,
+                             TextTooLong, WouldMissDeadline)
 from batching.observer import BatchObserver, NullObserver
 from batching.settings import BatcherSettings
 
@@ -23,6 +24,7 @@ __all__ = [
     "ModelUnavailable",
     "NullObserver",
     "Overloaded",
+    "TextTooLong",
     "RemoteError",
     "WouldMissDeadline",
 ]

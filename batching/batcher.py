@@ -28,7 +28,7 @@ import numpy as np
 from batching.admission import LoadEstimate
 from batching.backend import Backend
 from batching.cost_model import BatchCostModel
-from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, WouldMissDeadline
+from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, TextTooLong, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
 from batching.queue import Batch, BatchQueue, WorkItem
 from batching.settings import BatcherSettings
@@ -113,11 +113,17 @@ class ContinuousBatcher:
             raise BatcherClosed("batcher is shutting down")
         if not math.isfinite(deadline):  # NaN is neither expired nor live: it would hold a queue slot
             raise DeadlineExceeded(f"deadline {deadline!r} is not a time")
+        if len(text) > self.settings.max_text_chars:
+            self.observer.on_dropped("too_long", 1)
+            raise TextTooLong(f"text of {len(text)} characters, over max_text_chars {self.settings.max_text_chars}")
         if not self._queue.reserve():
             self.observer.on_dropped("overload", 1)
             raise Overloaded(f"queue holds {self._queue.max_requests} requests")
         wait = self.predicted_wait()
-        if time.monotonic() + wait > deadline:
+        # A batcher idle for longer than it predicts admits all the same: its prediction is then
+        # only history (a model that was slow for a while), and refusing every request would never
+        # let a batch run to show it fast again. At worst this request misses its deadline.
+        if time.monotonic() + wait > deadline and not self._idle_past(wait):
             self._queue.release()
             self.observer.on_dropped("overload", 1)
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
@@ -135,6 +141,9 @@ class ContinuousBatcher:
         except asyncio.CancelledError:
             item.cancelled = True
             raise
+
+    def _idle_past(self, wait: float) -> bool:
+        return self._queue.depth[0] <= 1 and not self._arrivals and self._queue.idle_for() >= wait
 
     def predicted_wait(self) -> float:
         """Seconds until a request admitted now would have its embedding: until a lane may cut a

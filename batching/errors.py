@@ -29,3 +29,8 @@ class ModelUnavailable(BatcherError):
 class RemoteError(BatcherError):
     """The remote embedding engine failed the batch (unreachable, erroring, timed out), or its
     circuit breaker is open and nothing was sent."""
+
+
+class TextTooLong(BatcherError):
+    """The text is longer than `max_text_chars`: refused before the tokenizer sees it, so what one
+    text costs to tokenize, ahead of everyone else's, is bounded."""

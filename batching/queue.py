@@ -98,6 +98,7 @@ class BatchQueue:
         self._tokens = 0
         self._closed = False
         self._running = 0  # batches cut and not yet done (several where the batcher has lanes)
+        self._idle_since = clock()  # when the last running batch was done
         self._cond = threading.Condition()
 
     def new_item(self, text: str, deadline: float, future: asyncio.Future) -> WorkItem:
@@ -171,11 +172,19 @@ class BatchQueue:
             live = [i for i in window if not i.cancelled and i.deadline > now]
             judge = cost if cost is not None and cost.ready else None  # no predictions before it has data
             late: list[WorkItem] = []
+            probe: WorkItem | None = None
             if judge is not None:
                 # Even alone it would answer too late: refuse now rather than compute for nobody.
                 keep: list[WorkItem] = []
                 for i in live:
                     (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
+                if not keep and late and self._running == 0 and \
+                        self._clock() - self._idle_since >= judge.predict(late[0].n_tokens):
+                    # Nothing has run for longer than the prediction says one batch takes: it is
+                    # only history (a model slow for a while), and refusing everything would never
+                    # show the model fast again. The oldest runs alone.
+                    probe = late.pop(0)
+                    keep = [probe]
                 live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0
@@ -189,8 +198,8 @@ class BatchQueue:
                 if judge is not None:
                     predicted = judge.predict(max(i.n_tokens for i in chosen) * len(chosen))
                     finish = now + predicted + margin
-                    late += [i for i in chosen if i.deadline < finish]
-                    chosen = [i for i in chosen if i.deadline >= finish]
+                    late += [i for i in chosen if i.deadline < finish and i is not probe]
+                    chosen = [i for i in chosen if i.deadline >= finish or i is probe]
                 self._items.extendleft(reversed([w for i, w in enumerate(live) if i not in picked]))
             gone = chosen + expired + cancelled + late
             self._tokens -= sum(i.n_tokens for i in gone)
@@ -199,10 +208,17 @@ class BatchQueue:
             self._cond.notify_all()
             return Batch(chosen, expired, cancelled, late, predicted)
 
+    def idle_for(self) -> float:
+        """Seconds since the last batch was done, with nothing running; 0 while one runs."""
+        with self._cond:
+            return 0.0 if self._running else self._clock() - self._idle_since
+
     def done(self) -> None:
         """A batch with items that next_batch handed out has run."""
         with self._cond:
             self._running -= 1
+            if not self._running:
+                self._idle_since = self._clock()
             self._cond.notify_all()
 
     def _top_up(self, max_size: int, max_wait: float) -> None:

@@ -13,6 +13,9 @@ class BatcherSettings:
     max_batch_tokens: int = 16384  # padded: longest sequence x batch size
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
+    # Longer texts are refused at submission (TextTooLong), before any tokenizer work: the router's
+    # own are bounded far below it (routed texts, guard pieces), as the model socket's frames are.
+    max_text_chars: int = 64 * 1024
     sort_window: int = 256  # oldest requests among which batches are sorted by length
     max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
     max_wait_ms: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
@@ -21,7 +24,8 @@ class BatcherSettings:
     answer_margin_ms: float = 5.0
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window"):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window",
+                     "max_text_chars"):
             if getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
         for name in ("max_wait_ms", "answer_margin_ms"):

@@ -29,7 +29,7 @@ QUEUE_DEPTH = Gauge("semantic_router_queue_depth", "Requests waiting in the batc
 QUEUE_TOKENS = Gauge("semantic_router_queue_tokens", "Tokens waiting in the batcher.", multiprocess_mode="livesum")
 BATCHER_DROPPED = Counter(
     "semantic_router_batcher_dropped_total",
-    "Requests the batcher did not embed, by reason (overload|expired|cancelled|error).",
+    "Requests the batcher did not embed, by reason (overload|expired|cancelled|late|error|too_long).",
     ["reason"],
 )
 LOOP_TASKS = Gauge("semantic_router_event_loop_tasks", "asyncio tasks alive in the router (leak watch).")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from esr_cache.keys import last_user_text
+from esr_cache.semantic import turn_length
 from router.config import RequestsConfig
 
 from filters.context import GUARD_MAX_PIECES
@@ -112,7 +113,8 @@ def cache_view(text: str, data: LazyObject, window_tokens: int) -> CacheView:
         # A WordPiece token covers at least one character that is not a space, so a turn with
         # fewer such characters than the window is embedded whole: what follows cannot hide
         # behind a question the embedding alone reads.
-        if turn is not None and len("".join(turn.split())) <= window_tokens - 2:
+        # Bounded in all characters too: spaces cost the tokenizer nothing in tokens but time.
+        if turn is not None and len(turn) <= 8 * window_tokens and turn_length(turn) <= window_tokens - 2:
             last_turn = well_formed(turn)
     return CacheView(members, history, last_turn, data.get("stream") is True)
 
@@ -417,7 +419,9 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         pieces = tuple(dict.fromkeys(well_formed(p) for p in guard_pieces(data, path, policy))) if guard else ()
         measured = request_facts(data, path) if facts else None
         for key, value_span in spans.items():  # checked and dropped: decoded again if read
-            if key not in data._values and value_span is not None:
+            # Only an object can repeat a key: a member with none (a string, numbers, an array of
+            # them) is passed at memchr speed, not built.
+            if key not in data._values and value_span is not None and text.find("{", *value_span) >= 0:
                 _decode(text, *value_span)
         view = cache_view(text, data, policy.prompt_max_tokens) if cache else None
     except _DuplicateKey as dup:

@@ -490,3 +490,52 @@ def test_a_long_prompt_after_short_ones_is_judged_by_the_warm_up_calibration(bac
         await b.aclose()
 
     asyncio.run(main())
+
+
+def test_a_text_over_max_text_chars_is_refused_before_the_tokenizer():
+    from batching import TextTooLong
+
+    class Counting(FakeBackend):
+        tokenized = 0
+
+        def tokenize(self, texts):
+            Counting.tokenized += sum(len(t) for t in texts)
+            return super().tokenize(texts)
+
+    async def main():
+        batcher = ContinuousBatcher(Counting(), BatcherSettings(max_text_chars=1000))
+        batcher.start()
+        try:
+            with pytest.raises(TextTooLong):
+                await batcher.embed("x" * 1001, time.monotonic() + 5)
+            assert Counting.tokenized == 0
+            await batcher.embed("x" * 1000, time.monotonic() + 5)
+            assert Counting.tokenized == 1000
+        finally:
+            await batcher.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_model_that_was_slow_is_tried_again_when_idle_and_relearned():
+    """A cost model that learned slow batches once refused every request for good: nothing ran
+    to show the model fast again. A batcher idle for longer than it predicts runs the request."""
+    async def main():
+        backend = FakeBackend()
+        b, obs = await start_batcher(backend)
+        teach(b, 1.0)  # every batch took 1 s a while ago; the model is fast now
+        with pytest.raises(WouldMissDeadline):  # nothing has run for less than a predicted batch
+            await b.embed("refused", time.monotonic() + 0.5)
+        answered, give_up = 0, time.monotonic() + 30
+        while answered < 10 and time.monotonic() < give_up:  # clients keep asking, 20 a second
+            try:
+                await b.embed(f"ask {answered}", time.monotonic() + 0.5)
+                answered += 1
+            except WouldMissDeadline:
+                answered = 0
+                await asyncio.sleep(0.05)
+        assert answered == 10, f"still refusing after 30 s: predicted {b.predicted_wait():.2f} s"
+        assert b.predicted_wait() < 0.5
+        await b.aclose()
+
+    asyncio.run(main())
