@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import time
+import unicodedata
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -329,6 +330,14 @@ def _check_names(data: Mapping[str, Any], path: str, tools: bool) -> None:
                 _exact_names(tool.get("function"))
 
 
+def as_read(piece: str) -> str:
+    """A guard piece as the model reads it: well_formed, and in compatibility form (NFKC), so
+    full-width letters, ligatures and other look-alike forms a model reads as plain letters are
+    plain letters to the encoder too (it does not fold them: "ｉｇｎｏｒｅ" was unrecognisable)."""
+    piece = well_formed(piece)
+    return piece if unicodedata.is_normalized("NFKC", piece) else unicodedata.normalize("NFKC", piece)
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -416,7 +425,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         _check_names(data, path, tools=guard)
         turns, truncated = extract_turns(data, path, policy, max_turns)
         turns = tuple(well_formed(t) for t in turns)
-        pieces = tuple(dict.fromkeys(well_formed(p) for p in guard_pieces(data, path, policy))) if guard else ()
+        pieces = tuple(dict.fromkeys(as_read(p) for p in guard_pieces(data, path, policy))) if guard else ()
         measured = request_facts(data, path) if facts else None
         for key, value_span in spans.items():  # checked and dropped: decoded again if read
             # Only an object can repeat a key: a member with none (a string, numbers, an array of
@@ -747,6 +756,23 @@ def _model_texts(data: MutableMapping[str, Any], path: str) -> Iterator[str]:
             yield from _tool_strings(data[key])
     items = data.get("input") if path.endswith("/responses") else data.get("messages")
     yield from _strings(items if isinstance(items, list) else [items])
+    yield from _short_runs(items)
+
+
+def _short_runs(items: Any) -> Iterator[str]:
+    """Consecutive short messages read as one text, as the model reads them in turn: an injection
+    sent a word a message is read whole."""
+    if not isinstance(items, list):
+        return
+    run: list[str] = []
+    for m in [*items, None]:
+        text = content_text(m.get("content")) if isinstance(m, dict) else None
+        if text is not None and len(text.split()) <= _SHORT:
+            run.append(text)
+            continue
+        if len(run) > 1:
+            yield " ".join(run)
+        run = []
 
 
 # reasoning_content (DeepSeek, vLLM), reasoning (OpenRouter), summary (a Responses reasoning item),
@@ -784,6 +810,9 @@ def _strings(values: list[Any], depth: int = 0) -> Iterator[str]:
         elif depth > 16:  # MAX_DEPTH already bounds a parsed body; this bounds a plugin's
             continue
         elif isinstance(v, list):
+            parts = [p.get("text") for p in v if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            if len(parts) > 1:  # content parts: the model reads them one after another, as one text
+                yield " ".join(parts)
             yield from _strings(v, depth + 1)
         elif isinstance(v, dict):
             members = [v[k] for k in _TEXT_KEYS if k in v]
