@@ -810,7 +810,7 @@ def _strings(values: list[Any], depth: int = 0) -> Iterator[str]:
         elif depth > 16:  # MAX_DEPTH already bounds a parsed body; this bounds a plugin's
             continue
         elif isinstance(v, list):
-            parts = [p.get("text") for p in v if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            parts = [p["text"] for p in v if isinstance(p, dict) and isinstance(p.get("text"), str)]
             if len(parts) > 1:  # content parts: the model reads them one after another, as one text
                 yield " ".join(parts)
             yield from _strings(v, depth + 1)
