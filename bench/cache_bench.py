@@ -12,7 +12,7 @@ Two stacks (router.yaml, mock backends, Envoy), one with `cache.enabled`, one wi
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import itertools
 import tempfile
 import time
 import uuid
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.closed_loop import closed_loop_rps
 from bench.report import emit, latency_stats
 from devstack.stack import stack_with
 
@@ -43,19 +44,13 @@ def sequential(url: str, prompts: list[str]) -> dict:
 
 
 def routed_rps(url: str, seconds: float, concurrency: int) -> float:
-    end, done = time.monotonic() + seconds, []
+    sent = itertools.count()
 
-    def client():
-        with httpx.Client(base_url=url, timeout=30) as http:
-            while time.monotonic() < end:
-                r = http.post("/v1/chat/completions", json=_body(f"{PROMPTS[len(done) % 3]} {uuid.uuid4().hex}"))
-                if r.status_code == 200 and r.headers.get("x-semantic-route-reason") == "matched":
-                    done.append(1)
+    def one(http: httpx.Client) -> bool:
+        r = http.post("/v1/chat/completions", json=_body(f"{PROMPTS[next(sent) % 3]} {uuid.uuid4().hex}"))
+        return r.status_code == 200 and r.headers.get("x-semantic-route-reason") == "matched"
 
-    t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda _: client(), range(concurrency)))
-    return len(done) / (time.monotonic() - t0)
+    return closed_loop_rps(url, seconds, concurrency, one)
 
 
 def main() -> None:

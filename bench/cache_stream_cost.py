@@ -11,7 +11,6 @@ per request and the router's CPU per request (sequential); then req/s at --concu
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import re
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.closed_loop import closed_loop_rps
 from bench.report import emit
 from devstack.stack import stack_with
 
@@ -50,18 +50,7 @@ def stores(metrics_url: str) -> float:
 
 
 def rps(url: str, chunks: int, seconds: float, concurrency: int) -> float:
-    end, done = time.monotonic() + seconds, []
-
-    def client():
-        with httpx.Client(base_url=url, timeout=60) as http:
-            while time.monotonic() < end:
-                if _stream(http, chunks):
-                    done.append(1)
-
-    t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda _: client(), range(concurrency)))
-    return len(done) / (time.monotonic() - t0)
+    return closed_loop_rps(url, seconds, concurrency, lambda http: _stream(http, chunks), timeout=60)
 
 
 def main() -> None:
