@@ -18,7 +18,8 @@ NAME = web.AppKey("name", str)
 ATTEMPTS: web.AppKey = web.AppKey("attempts", dict)
 
 # Request headers worth showing back, so tests can see what actually reached the backend.
-_ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length", "content-encoding")
+_ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length", "content-encoding",
+           "transfer-encoding")
 
 
 def _echo(request: web.Request, raw: bytes, body: dict | None = None) -> dict:

@@ -186,6 +186,9 @@ class Stack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+BODY_MODE_ENV = "ESR_STACK_BODY_MODE"
+
+
 @contextlib.contextmanager
 def stack_with(workdir: Path, change: Callable[[dict], None],
                envoy_change: Callable[[dict], None] | None = None) -> Iterator[Stack]:
@@ -193,6 +196,8 @@ def stack_with(workdir: Path, change: Callable[[dict], None],
     or from it as `envoy_change` edits it further: a gateway that differs from the router's own)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     change(config)
+    if os.environ.get(BODY_MODE_ENV):  # the whole suite through another body mode (make test runs both)
+        config.setdefault("envoy", {}).setdefault("request_body_mode", os.environ[BODY_MODE_ENV])
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
     envoy_config = None
     if envoy_change is not None:

@@ -158,14 +158,17 @@ def render(config: RouterConfig) -> dict[str, Any]:
 
 
 def _ext_proc_filter(config: RouterConfig) -> dict:
-    """The router in the request path: headers and the buffered body go to it; it may fail open."""
+    """The router in the request path: headers and the body go to it (buffered, or streamed both
+    ways in full duplex); buffered, it may fail open."""
     timeout = message_timeout_ms(config)
+    duplex = config.envoy.request_body_mode == "full_duplex_streamed"
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER}, "timeout": _ms(2 * timeout)},
-            "failure_mode_allow": True,
+            # Full duplex cannot fail open: the body chunks are the router's once sent.
+            "failure_mode_allow": not duplex,
             "message_timeout": _ms(timeout),
             "allow_mode_override": True,
             # Where the router names a kept answer's entry for the cache keeper (_cache_keeper).
@@ -173,9 +176,10 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
-                "request_body_mode": "BUFFERED",
+                "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
                 "response_body_mode": "NONE",
-                "request_trailer_mode": "SKIP",
+                # Full duplex: trailers end a body that has them, so the router must see them.
+                "request_trailer_mode": "SEND" if duplex else "SKIP",
                 "response_trailer_mode": "SKIP",
             },
         },

@@ -87,6 +87,12 @@ class EnvoyConfig:
     # A listener on listen_address that serves only Envoy's /stats/prometheus (the admin stays on
     # admin_address): how Prometheus sees Envoy letting requests through unrouted. None: none.
     stats_port: int | None = None
+    # How Envoy sends the request body to the router. buffered: whole, in one message (Envoy holds
+    # it, up to max_request_bytes; the router may fail open). full_duplex_streamed: in chunks as they
+    # come, the router holding them (up to max_request_bytes) and sending the body back: the mode of
+    # the Inference Extension's body-based router, which cannot fail open once chunks went out.
+    # The router reads which from each stream, whatever this says (docs/gateways).
+    request_body_mode: Literal["buffered", "full_duplex_streamed"] = "buffered"
 
     def __post_init__(self):
         require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")

@@ -57,6 +57,8 @@ def _strip(spoofed: bool) -> pb.HeadersResponse:
 
 # Envoy replaces its whole processing mode with an override: every phase is named.
 _PM = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = _PM.FULL_DUPLEX_STREAMED
+STREAMED_CHUNK = 64 * 1024  # a body goes back in streamed answers of at most this much
 # The response's headers are not needed (what is kept must read as a whole chat completion, which
 # no error or encoded body does): one message less per cacheable request.
 _WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
@@ -128,3 +130,28 @@ def pass_through(kind: str) -> pb.ProcessingResponse | None:
     """An empty answer for phases we asked Envoy to skip, should it send them anyway."""
     make = _PASS_THROUGH.get(kind)
     return make() if make else None
+
+
+def streamed_body(body: bytes, last: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=pb.CommonResponse(
+        body_mutation=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=last)))))
+
+
+def duplex(held: pb.ProcessingResponse, answer: pb.ProcessingResponse, raw: bytes) -> list[pb.ProcessingResponse]:
+    """A buffered-mode answer to a whole body, as full duplex takes it: the held headers answer with
+    the body answer's header changes and route-cache clearing, then the body (the answer's new one,
+    else as sent) in streamed chunks. An immediate answer stands as it is."""
+    if not answer.HasField("request_body"):
+        return [answer]
+    common = answer.request_body.response
+    headers = pb.ProcessingResponse()
+    headers.CopyFrom(held)
+    mutation = headers.request_headers.response.header_mutation
+    mutation.set_headers.extend(common.header_mutation.set_headers)
+    mutation.remove_headers.extend(common.header_mutation.remove_headers)
+    headers.request_headers.response.clear_route_cache = True
+    if answer.HasField("dynamic_metadata"):
+        headers.dynamic_metadata.CopyFrom(answer.dynamic_metadata)
+    body = common.body_mutation.body if common.body_mutation.WhichOneof("mutation") == "body" else raw
+    chunks = [body[i:i + STREAMED_CHUNK] for i in range(0, len(body), STREAMED_CHUNK)] or [b""]
+    return [headers, *(streamed_body(c, i == len(chunks) - 1) for i, c in enumerate(chunks))]

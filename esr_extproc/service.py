@@ -64,7 +64,8 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy")
+                 "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "duplex", "held_headers",
+                 "body_bytes")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -85,6 +86,11 @@ class _Stream:
         self.cache_turn: Turn | None = None  # semantic matching: the last user turn, embedded
         self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
         self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
+        # FULL_DUPLEX_STREAMED request bodies (said by Envoy's first message): the headers answer is
+        # held until the body is whole, then sent with the route before the body.
+        self.duplex = False
+        self.held_headers: pb.ProcessingResponse | None = None
+        self.body_bytes = 0
 
     @property
     def llm_call(self) -> bool:
@@ -139,8 +145,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self._streams.inc()
         async for request in request_iterator:
             kind = request.WhichOneof("request")
+            if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
+                stream.duplex = request.protocol_config.request_body_mode == replies.FULL_DUPLEX
             if kind == "request_headers":
-                yield self._on_headers(request.request_headers, stream)
+                answer = self._on_headers(request.request_headers, stream)
+                if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \
+                        and answer.HasField("request_headers"):
+                    # Full duplex: the headers answer waits for the whole body (it carries the route).
+                    stream.held_headers = answer
+                    continue
+                yield answer
                 if request.request_headers.end_of_stream and stream.llm_call:
                     return  # no body: answered at the headers phase
             elif kind == "request_body":
@@ -148,16 +162,44 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     self._from_attributes(request, stream)
                 chunk = request.request_body
                 stream.body.append(chunk.body)
-                if chunk.end_of_stream:
+                stream.body_bytes += len(chunk.body)
+                if stream.duplex:
+                    for answer in await self._on_duplex_chunk(stream, chunk.end_of_stream):
+                        yield answer
+                elif chunk.end_of_stream:
                     yield await self._on_body(stream)
                 else:
                     yield replies.body_continue()
+            elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
+                for answer in await self._on_duplex_chunk(stream, True):  # trailers end the body
+                    yield answer
+                yield replies.pass_through(kind)
             elif kind == "response_body" and stream.cache_key is not None:
                 yield self._on_response_body(request.response_body, stream)
             else:
                 answer = replies.pass_through(kind)
                 if answer is not None:
                     yield answer
+
+    async def _on_duplex_chunk(self, stream: _Stream, last: bool) -> list[pb.ProcessingResponse]:
+        """Full duplex: chunks accumulate (nothing is answered) up to Envoy's own request limit; at
+        the end the held headers answer goes back with the route, then the body, rewritten or as
+        sent, in streamed body answers."""
+        if stream.held_headers is None:  # not an LLM call, or already answered: the body goes on as sent
+            body, stream.body = b"".join(stream.body), []
+            return [replies.streamed_body(body, last)]
+        current = self.serving
+        limit = current.settings.max_inflated_bytes if current is not None else None
+        if limit is not None and stream.body_bytes > limit:
+            stream.held_headers, stream.body = None, []
+            metrics.BAD_REQUESTS.labels("too_large_upload").inc()
+            return [_refuse(413, f"Request body over {limit} bytes.", "request_too_large")]
+        if not last:
+            return []
+        # The upload's own pace is not the router's: the deadline runs from the whole body.
+        stream.started = time.monotonic()
+        held, stream.held_headers = stream.held_headers, None
+        return replies.duplex(held, await self._on_body(stream), b"".join(stream.body))
 
     @staticmethod
     def _from_attributes(request: pb.ProcessingRequest, stream: _Stream) -> None:
@@ -206,8 +248,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 stream.cache_tenant = self.cache.tenant(h)
                 # Its answer may be kept: Envoy's keeper hands it back whole, or else Envoy is asked
                 # now (the only time it takes a new mode) to show it to the router as it streams past.
+                # Envoy takes no mode override in full duplex (measured: the answer never came):
+                # there an answer is kept only by the keeper, or where the gateway's own config
+                # sends the router response bodies.
                 stream.kept_by_envoy = h.get(CACHE_KEEPER) == "lua"
-                return replies.headers_continue(spoofed, watch_response=not stream.kept_by_envoy)
+                return replies.headers_continue(spoofed, watch_response=not stream.kept_by_envoy and not stream.duplex)
         return replies.headers_continue(spoofed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:

@@ -155,3 +155,16 @@ def test_with_the_cache_the_keeper_runs_before_the_router_and_the_tenant_header_
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(cfg))
     envoy_validate(path)
+
+
+def test_full_duplex_bodies_render_as_the_inference_extension_configures_them(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, request_body_mode="full_duplex_streamed"))
+    hcm = render(cfg)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
+    assert ext_proc["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert ext_proc["processing_mode"]["request_trailer_mode"] == "SEND"
+    assert ext_proc["failure_mode_allow"] is False and ext_proc["allow_mode_override"] is True
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)

@@ -415,3 +415,27 @@ def test_a_guard_that_cannot_finish_by_the_deadline_decides_by_on_error_not_the_
         assert set_headers(resp)["x-semantic-route-reason"] == "fallback_timeout"
 
     run(main())
+
+
+def test_full_duplex_holds_the_headers_answer_until_the_body_is_whole():
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+    async def main():
+        async with Harness() as h:
+            first = headers_msg()
+            first.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+            raw = json.dumps(chat("solve 3x + 5 = 20")).encode()
+            call = h.stub.Process()
+            await call.write(first)
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[:20], end_of_stream=False)))
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[20:], end_of_stream=True)))
+            headers, body = await asyncio.wait_for(call.read(), 5), await asyncio.wait_for(call.read(), 5)
+            await call.done_writing()
+            # nothing was answered before the body's end: the first answer is the headers', with the route
+            routed = {o.header.key: o.header.raw_value.decode()
+                      for o in headers.request_headers.response.header_mutation.set_headers}
+            assert routed["x-semantic-route"] == "math" and headers.request_headers.response.clear_route_cache
+            streamed = body.request_body.response.body_mutation.streamed_response
+            assert streamed.end_of_stream and json.loads(streamed.body)["model"] == routed["x-selected-model"]
+
+    run(main())

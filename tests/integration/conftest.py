@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from devstack.envoy_binary import find_envoy
 from devstack.readiness import http_ok, wait_ready
 from esr_app.envoy_config import render_yaml
-from devstack.stack import stack_with
+from devstack.stack import BODY_MODE_ENV, stack_with
 
 
 def pytest_collection_modifyitems(items):
@@ -37,6 +38,18 @@ def envoy_binary() -> str:
 # Deadlines, fallbacks and overload are tested on stacks of their own with the default 500 ms
 # (test_faults, test_remote_engine, test_edge_adversarial's guarded stack).
 SESSION_DEADLINE_MS = 30000
+
+# The body mode this run's stacks use (make test runs the suite in both; devstack.stack_with).
+DUPLEX = os.environ.get(BODY_MODE_ENV) == "full_duplex_streamed"
+
+
+def assert_framed(headers: dict, body_bytes: int) -> None:
+    """The backend's request is framed for its body: a content-length that counts it (buffered),
+    or chunked (full duplex: Envoy streams the body on as the router sends it back)."""
+    if DUPLEX:
+        assert headers.get("transfer-encoding") == "chunked" and "content-length" not in headers, headers
+    else:
+        assert headers["content-length"] == str(body_bytes), headers
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import metric, scrape
+from tests.integration.conftest import assert_framed, metric, scrape
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_prompt_lands_on_its_backend(client, prompt, backend, route):
     assert completion.model == backend
     seen = completion.model_extra["mock"]
     assert seen["headers"]["x-selected-model"] == backend
-    assert seen["headers"]["content-length"] == str(seen["body_bytes"])
+    assert_framed(seen["headers"], seen["body_bytes"])
 
 
 def test_pinned_model_passes_through_untouched(stack):
