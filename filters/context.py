@@ -16,6 +16,7 @@ from router.rules import RequestFacts
 # The most pieces the body parser splits a request's texts into for a filter that reads them all
 # (the prompt guard); past it the parser stops, and such a filter cannot decide.
 GUARD_MAX_PIECES = 4096
+EMBED_WAVE = 64  # a filter's texts in the batcher's queue at once, per request (one batch's worth)
 
 
 @dataclass
@@ -80,10 +81,18 @@ class RequestContext:
         model error, so the request neither resubmits its text nor waits again."""
         found: list = [self.engine.cache.peek(t) for t in texts]
         missing = [i for i, vector in enumerate(found) if vector is None]
-        computed = await asyncio.gather(
-            *(self.embedding() if texts[i] == self.prompt else self.engine.embed(texts[i], self.deadline)
-              for i in missing),
-            return_exceptions=True)
+        computed: list = []
+        # A wave at a time: a request with thousands of pieces holds at most EMBED_WAVE of the
+        # batcher's queue slots, so others' requests join the batches between its waves instead of
+        # finding the queue full (tests/test_filter_embeddings.py).
+        for start in range(0, len(missing), EMBED_WAVE):
+            wave = missing[start:start + EMBED_WAVE]
+            computed += await asyncio.gather(
+                *(self.embedding() if texts[i] == self.prompt else self.engine.embed(texts[i], self.deadline)
+                  for i in wave),
+                return_exceptions=True)
+            if any(isinstance(v, BaseException) for v in computed[-len(wave):]):
+                break
         for i, vector in zip(missing, computed):
             if isinstance(vector, BaseException):
                 if isinstance(vector, RoutingUnavailable) and self._embedding is None:

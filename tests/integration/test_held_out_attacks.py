@@ -18,17 +18,28 @@ from tests.integration.conftest import GUARDED, SESSION_DEADLINE_MS
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def fortified(tmp_path_factory, envoy_binary):
+def fortify(deadline_ms: float):
     def change(config):
-        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["server"]["deadline_ms"] = deadline_ms
         config["filters"] = ["prompt_guard", "body_size_limit", "model_policy", "semantic_route"]
         config["filter_settings"] = {"prompt_guard": {"exemplars": [GUARDED], "threshold": 0.9, "on_error": "block"},
                                      "body_size_limit": {"max_bytes": 1024 * 1024}}
         config["cache"] = {"enabled": True, "semantic_routes": ["general"]}
         config["routes"][0]["set_body"] = {"reasoning_effort": "high"}  # math
+    return change
 
-    with stack_with(tmp_path_factory.mktemp("fortified"), change) as stack:
+
+@pytest.fixture(scope="module")
+def fortified(tmp_path_factory, envoy_binary):
+    """Deadlines out of the way: what is checked is what each body gets, not how fast."""
+    with stack_with(tmp_path_factory.mktemp("fortified"), fortify(SESSION_DEADLINE_MS)) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def fortified_as_shipped(tmp_path_factory, envoy_binary):
+    """The default 500 ms deadline: costly bodies fall back (the guard blocks them) in time."""
+    with stack_with(tmp_path_factory.mktemp("fortified-500ms"), fortify(500.0)) as stack:
         yield stack
 
 
@@ -113,7 +124,8 @@ def costly_bodies() -> list[bytes]:
     return [many_keys, empty_objects, deep_messages, escapes, pieces, long_word] * 2
 
 
-def test_ordinary_requests_route_beside_a_dozen_costly_bodies(fortified):
+def test_ordinary_requests_route_beside_a_dozen_costly_bodies(fortified_as_shipped):
+    fortified = fortified_as_shipped
     attacks = costly_bodies()
     outcomes: list[tuple[int, str]] = []
 
