@@ -107,8 +107,9 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
     upstream = f"{config.envoy.upstream_timeout_s:g}s"
     default = {"cluster": config.default_route.model, "timeout": upstream}
     llm = {"safe_regex": {"regex": llm_path_regex()}}
+    on = config.envoy.route_header or SELECTED_MODEL
     routes = [
-        {"match": {**llm, "headers": [{"name": SELECTED_MODEL, "string_match": {"exact": b.model}}]},
+        {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}]},
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
@@ -273,7 +274,8 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 # route sees them, also while the router is down. The cache's tenant header too: a
                 # client that could write it could read another tenant's answers (README, "Response
                 # cache": an authenticating filter placed before the router sets it).
-                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, *_tenant_header(config)],
+                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, *config.server.gateway_headers,
+                                          *_tenant_header(config)],
                 "virtual_hosts": [
                     {
                         "name": "llm",

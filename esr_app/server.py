@@ -74,6 +74,8 @@ class RouterServer:
         self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
+        self.health_grpc: grpc.aio.Server | None = None  # server.health_port's
+        self.health_port = 0
         self.metrics_port = 0
         self._metrics_http: WSGIServer | None = None
         self._version: str | None = None  # of the config serving now, exported per process
@@ -153,6 +155,16 @@ class RouterServer:
         except RuntimeError as exc:
             raise PortInUse(f"grpc port {cfg.grpc_port} is already in use on {cfg.grpc_host} "
                             "(another router running?)") from exc
+        if cfg.health_port is not None:
+            # grpc.health.v1 alone on a port of its own too (the Inference Extension's layout): the
+            # same servicer, so both ports say the same.
+            self.health_grpc = grpc.aio.server(options=[("grpc.so_reuseport", int(self.pool_worker is not None))])
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_grpc)
+            try:
+                self.health_port = self.health_grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.health_port}")
+            except RuntimeError as exc:
+                raise PortInUse(f"health port {cfg.health_port} is already in use on {cfg.grpc_host}") from exc
+            await self.health_grpc.start()
         await server.start()
 
     async def _start_embedder(self) -> Embedder:
@@ -245,6 +257,8 @@ class RouterServer:
             task.cancel()
         if self.grpc is not None:
             await self.grpc.stop(grace)
+        if self.health_grpc is not None:
+            await self.health_grpc.stop(0)
         if self.embedder is not None:
             await self.embedder.aclose(grace)
         self.ext_proc.close()

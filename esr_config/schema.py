@@ -47,6 +47,11 @@ class RouterConfig(RoutingConfig):
             require(route in self.route_names, f"cache.semantic_routes[{i}]", f"{route!r} is not a route")
         for route in self.cache.semantic_thresholds:
             require(route in self.route_names, f"cache.semantic_thresholds.{route}", f"{route!r} is not a route")
+        require(self.envoy.route_header in (None, "x-selected-model", self.server.gateway_model_header),
+                "envoy.route_header", "must be x-selected-model or server.gateway_model_header: the headers the router sets")
+        for model in self.server.base_models:
+            require(model in self.backend_models, f"server.base_models.{model}",
+                    f"{model!r} is not the model of any route or the default route")
         seen_models = set()
         for i, b in enumerate(self.backends):
             require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

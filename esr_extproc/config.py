@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Literal
 
 from esr_settings import header_safe, require
+
+_HEADER = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -25,9 +29,30 @@ class ServerConfig:
     # The front end's event loop: uvloop or asyncio's own (no difference measured here: README,
     # "Model runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    # grpc.health.v1 on a port of its own as well (the Inference Extension's charts: ext_proc on
+    # 9004, health on 9005); None: health only on grpc_port, beside ext_proc.
+    health_port: int | None = None
+    # The standard headers of the Gateway API Inference Extension, set beside the router's own: the
+    # routed backend model, and for a model listed in base_models (a LoRA adapter) its base model.
+    # HTTPRoutes match them to pick an InferencePool or Service. None: not set.
+    gateway_model_header: str | None = "x-gateway-model-name"
+    gateway_base_model_header: str | None = "x-gateway-base-model-name"
+    base_models: dict = field(default_factory=dict)  # backend model -> the base model it adapts
+
+    @property
+    def gateway_headers(self) -> tuple[str, ...]:
+        """The standard headers this router sets (and so strips from clients)."""
+        return tuple(h for h in (self.gateway_model_header, self.gateway_base_model_header) if h)
 
     def __post_init__(self):
         require(self.workers == "auto" or 1 <= self.workers <= 64, "workers", "must be auto or between 1 and 64")
+        for name in ("gateway_model_header", "gateway_base_model_header"):
+            value = getattr(self, name)
+            require(value is None or bool(_HEADER.match(value)), name, "must be a lower-case header name")
+        require(self.health_port is None or 1 <= self.health_port <= 65535, "health_port", "must be a port number")
+        for model, base in self.base_models.items():
+            require(isinstance(model, str) and isinstance(base, str) and bool(base), f"base_models.{model}",
+                    "must name a base model")
         require(self.event_loop in ("auto", "asyncio", "uvloop"), "event_loop",
                  f"must be auto, asyncio or uvloop, got {self.event_loop!r}")
         for name in ("grpc_port", "metrics_port"):
@@ -93,9 +118,15 @@ class EnvoyConfig:
     # the Inference Extension's body-based router, which cannot fail open once chunks went out.
     # The router reads which from each stream, whatever this says (docs/gateways).
     request_body_mode: Literal["buffered", "full_duplex_streamed"] = "buffered"
+    # The request header the rendered routes match to pick a backend: the router's x-selected-model
+    # (None), or the standard one it also sets (server.gateway_model_header), as an Inference
+    # Extension HTTPRoute does.
+    route_header: str | None = None
 
     def __post_init__(self):
         require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
+        require(self.route_header is None or bool(_HEADER.match(self.route_header)), "route_header",
+                "must be a lower-case header name")
         for i, prefix in enumerate(self.passthrough_paths):
             require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,
                      f"passthrough_paths[{i}]", "must be a path starting with '/'")

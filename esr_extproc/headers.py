@@ -13,6 +13,8 @@ ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED)
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
 CACHE_KEEPER = "x-semantic-cache-keeper"
+# The Inference Extension's endpoint picker's choice of pod: its header, never the router's or a client's.
+EPP_DESTINATION = "x-gateway-destination-endpoint"
 # The dynamic-metadata namespace the router names a kept answer's entry in, for that keeper.
 CACHE_NAMESPACE = "semantic_router.cache"
 SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED)  # copied onto responses by Envoy

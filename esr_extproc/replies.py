@@ -12,7 +12,7 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, ROUTER_HEADERS
+from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, EPP_DESTINATION, ROUTER_HEADERS
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
@@ -41,9 +41,10 @@ def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
     ]
 
 
-# A client's copies of the router's headers, and the keeper's header (for the router only), are
-# removed at the headers phase.
-_STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER)
+# A client's copies of the router's headers, the keeper's header (for the router only) and the
+# Inference Extension's endpoint picker's (never the router's to set, nor a client's) are removed
+# at the headers phase, with the standard headers the router is configured to set.
+_STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER, EPP_DESTINATION)
 _STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=_STRIPPED))
 # A route may already have been picked on the spoofed value: make Envoy pick again without it.
 _STRIP_AND_REROUTE = pb.CommonResponse(
@@ -51,7 +52,10 @@ _STRIP_AND_REROUTE = pb.CommonResponse(
 )
 
 
-def _strip(spoofed: bool) -> pb.HeadersResponse:
+def _strip(spoofed: bool, also: tuple[str, ...] = ()) -> pb.HeadersResponse:
+    if also:
+        return pb.HeadersResponse(response=pb.CommonResponse(
+            header_mutation=pb.HeaderMutation(remove_headers=(*_STRIPPED, *also)), clear_route_cache=spoofed))
     return pb.HeadersResponse(response=_STRIP_AND_REROUTE if spoofed else _STRIP_ROUTER_HEADERS)
 
 
@@ -65,18 +69,19 @@ _WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFER
                       response_header_mode=_PM.SKIP, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
 
 
-def headers_continue(spoofed: bool, watch_response: bool = False) -> pb.ProcessingResponse:
+def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[str, ...] = ()) -> pb.ProcessingResponse:
     """`watch_response`: Envoy also sends the response's body as it streams through (the response
-    cache keeps it); asked for at the headers phase, the only one where Envoy takes it."""
+    cache keeps it); asked for at the headers phase, the only one where Envoy takes it. `also`:
+    more headers to strip (the configured standard ones)."""
     if watch_response:
-        return pb.ProcessingResponse(request_headers=_strip(spoofed), mode_override=_WATCH_RESPONSE)
-    return pb.ProcessingResponse(request_headers=_strip(spoofed))
+        return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_WATCH_RESPONSE)
+    return pb.ProcessingResponse(request_headers=_strip(spoofed, also))
 
 
-def headers_skip_body(spoofed: bool) -> pb.ProcessingResponse:
+def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.ProcessingResponse:
     """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body."""
     return pb.ProcessingResponse(
-        request_headers=_strip(spoofed),
+        request_headers=_strip(spoofed, also),
         mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
     )
 

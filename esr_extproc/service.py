@@ -7,8 +7,8 @@ import logging
 import re
 import time
 import urllib.parse
-from dataclasses import dataclass
-from typing import AsyncIterator, NamedTuple
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Mapping, NamedTuple
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -26,7 +26,7 @@ from esr_extproc import metrics
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.keeper import entry_token
-from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
+from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,21 @@ class ServiceSettings:
     max_request_headers: int  # Envoy's limit (envoy.max_request_headers)
     max_inflated_bytes: int  # an encoded body may inflate to Envoy's own buffer (envoy.max_request_bytes)
     log_prompts: bool = False
+    gateway_model_header: str | None = None  # server.gateway_model_header
+    gateway_base_model_header: str | None = None
+    base_models: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gateway_headers(self) -> tuple[str, ...]:
+        return tuple(h for h in (self.gateway_model_header, self.gateway_base_model_header) if h)
+
+    def standard_headers(self, model: str) -> dict[str, str]:
+        """The Inference Extension's headers for a request routed to `model`."""
+        out = {self.gateway_model_header: model} if self.gateway_model_header else {}
+        base = self.base_models.get(model)
+        if base and self.gateway_base_model_header:
+            out[self.gateway_base_model_header] = base
+        return out
 
 
 class Serving(NamedTuple):
@@ -216,13 +231,14 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.headers = h
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
-        spoofed = any(name in h for name in replies.ROUTER_HEADERS)
+        current = self.serving
+        standard = current.settings.gateway_headers if current is not None else ()
+        spoofed = any(name in h for name in (*replies.ROUTER_HEADERS, *standard, EPP_DESTINATION))
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
         if not stream.llm_call:
             metrics.REQUESTS.labels("not_processed").inc()
-            return replies.headers_skip_body(spoofed)
-        current = self.serving
+            return replies.headers_skip_body(spoofed, standard)
         limit = current.settings.max_request_headers if current else None
         if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
             # Envoy would fail the request with a 500 once the router adds its headers.
@@ -252,8 +268,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 # there an answer is kept only by the keeper, or where the gateway's own config
                 # sends the router response bodies.
                 stream.kept_by_envoy = h.get(CACHE_KEEPER) == "lua"
-                return replies.headers_continue(spoofed, watch_response=not stream.kept_by_envoy and not stream.duplex)
-        return replies.headers_continue(spoofed)
+                return replies.headers_continue(spoofed, not stream.kept_by_envoy and not stream.duplex, standard)
+        return replies.headers_continue(spoofed, also=standard)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
         started = time.perf_counter()
@@ -414,6 +430,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             SCORE: f"{decision.score:.4f}",
             REASON: decision.reason,
             CONFIDENCE: f"{decision.confidence:.4f}",
+            **serving.settings.standard_headers(decision.model),
         }
         new_body = None
         if ctx is not None:
@@ -456,7 +473,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     def _safe_extra(ctx: RequestContext) -> dict[str, str]:
         ok = {}
         for name, value in ctx.extra_headers.items():
-            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS:
+            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS and name != EPP_DESTINATION \
+                    and not name.startswith("x-gateway-"):
                 ok[name] = value
             else:
                 log.warning("filter header dropped", extra={"header": name[:64]})

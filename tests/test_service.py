@@ -439,3 +439,24 @@ def test_full_duplex_holds_the_headers_answer_until_the_body_is_whole():
             assert streamed.end_of_stream and json.loads(streamed.body)["model"] == routed["x-selected-model"]
 
     run(main())
+
+
+def test_the_inference_extensions_headers_are_set_beside_the_routers_and_never_taken_from_clients():
+    config = {**CONFIG, "server": {"base_models": {"math-model": "llama-3-8b"}}}
+
+    async def main():
+        async with Harness(config) as h:
+            spoofing = headers_msg(extra=[("x-gateway-model-name", "code-model"),
+                                          ("x-gateway-destination-endpoint", "10.0.0.9:8000")])
+            first, routed = await h.exchange(spoofing, body_msg(chat("solve 3x + 5 = 20")))
+            removed = first.request_headers.response.header_mutation.remove_headers
+            assert {"x-gateway-model-name", "x-gateway-base-model-name", "x-gateway-destination-endpoint"} <= set(removed)
+            assert first.request_headers.response.clear_route_cache  # a route picked on the spoof is picked again
+            hs = set_headers(routed)
+            assert hs["x-gateway-model-name"] == hs["x-selected-model"] == "math-model"
+            assert hs["x-gateway-base-model-name"] == "llama-3-8b"  # an adapter: its base model too
+            _, other = await h.exchange(headers_msg(), body_msg(chat("write a python function")))
+            assert set_headers(other)["x-gateway-model-name"] == "code-model"
+            assert "x-gateway-base-model-name" not in set_headers(other)
+
+    run(main())

@@ -1,0 +1,108 @@
+"""The manifests for the gateways teams already run (deploy/kubernetes/gateways), rendered by
+kustomize and checked against the real schemas: each custom resource against its CRD's
+openAPIV3Schema from ../shared/k8s-crds (unknown fields refused, as the API server's strict field
+validation does), each built-in kind with kubernetes-validate. A wrong field must fail the check."""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.test_deploy import K8S, K8S_VERSION, kustomize
+
+CRDS = ROOT.parent / "shared" / "k8s-crds"
+GATEWAYS = ["inference-extension", "envoy-gateway"]
+
+
+def strict(schema: dict) -> dict:
+    """The schema with unknown fields refused wherever it names its fields (and does not keep
+    unknown ones): structural CRD schemas prune them silently, which would hide a misspelling."""
+    schema = dict(schema)
+    if "properties" in schema and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        schema["additionalProperties"] = False
+    for key in ("properties", "patternProperties"):
+        if key in schema:
+            schema[key] = {k: strict(v) for k, v in schema[key].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            schema[key] = strict(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            schema[key] = [strict(s) for s in schema[key]]
+    return schema
+
+
+@lru_cache(maxsize=1)
+def crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the strict schema of every served version of every CRD."""
+    if not CRDS.is_dir():
+        pytest.fail(f"the gateways' CRDs are needed for this test: {CRDS} is missing", pytrace=False)
+    out = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+                schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+                out[(f"{group}/{version['name']}", kind)] = strict(schema)
+    return out
+
+
+def validate(obj: dict) -> None:
+    schema = crd_schemas().get((obj["apiVersion"], obj["kind"]))
+    if schema is not None:
+        jsonschema.validate(obj, schema)
+    else:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.fixture(scope="module", params=GATEWAYS)
+def rendered(request):
+    return request.param, kustomize(K8S / "gateways" / request.param)
+
+
+def test_every_object_validates_against_its_schema(rendered):
+    name, objects = rendered
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HTTPRoute"} <= kinds
+    assert ("InferencePool" in kinds) == (name == "inference-extension")
+    assert ("EnvoyExtensionPolicy" in kinds) == (name == "envoy-gateway")
+    for o in objects:
+        validate(o)
+
+
+@pytest.mark.parametrize("kind, path, wrong", [
+    ("HTTPRoute", ["spec", "rules", 0, "matches", 0, "headers", 0], {"type": "Exact", "name": "x", "valeu": "y"}),
+    ("InferencePool", ["spec", "targetPorts", 0], {"number": 70000}),
+    ("EnvoyExtensionPolicy", ["spec", "extProc", 0, "processingMode", "request", "body"], "Sometimes"),
+    ("Deployment", ["spec", "replicas"], "two"),
+])
+def test_a_wrong_field_fails_the_check(kind, path, wrong):
+    objects = kustomize(K8S / "gateways" / "inference-extension") + kustomize(K8S / "gateways" / "envoy-gateway")
+    obj = copy.deepcopy(next(o for o in objects if o["kind"] == kind))
+    target = obj
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = wrong
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+        validate(obj)
+
+
+def test_the_routers_config_serves_the_extensions_ports_and_headers(rendered):
+    _, objects = rendered
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["router.yaml"])
+    from esr_config import parse_config
+
+    server = parse_config(config).server
+    assert (server.grpc_port, server.health_port, server.gateway_model_header) == (9004, 9005, "x-gateway-model-name")
+    ports = {p["name"]: p["port"] for o in objects if o["kind"] == "Service" for p in o["spec"]["ports"]}
+    assert ports["grpc"] == 9004 and ports["grpc-health"] == 9005
