@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,10 +28,30 @@ from esr_extproc.config import BackendConfig
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Ports a stack listens on are chosen below the kernel's ephemeral range (32768-60999 by default):
+# a port the kernel hands out (port 0) may be given again, before the stack binds it, as the local
+# port of some outgoing connection (seen: a mock backend's bind failing with EADDRINUSE under
+# the suite's load). Each pytest-xdist worker draws from its own slice, so two never pick alike.
+_LISTEN_PORTS = range(20000, 32000)
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    slot = int(worker) % 8 if worker.isdigit() else 0
+    span = len(_LISTEN_PORTS) // 8
+    first = _LISTEN_PORTS.start + slot * span
+    for port in random.sample(range(first, first + span), span):
+        if port in _HANDED_OUT:  # given to an earlier stack of this process: maybe not bound yet
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port to listen on")
 
 
 @dataclass

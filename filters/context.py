@@ -16,7 +16,7 @@ from router.rules import RequestFacts
 # The most pieces the body parser splits a request's texts into for a filter that reads them all
 # (the prompt guard); past it the parser stops, and such a filter cannot decide.
 GUARD_MAX_PIECES = 4096
-EMBED_WAVE = 64  # a filter's texts in the batcher's queue at once, per request (one batch's worth)
+EMBED_WAVE = 16  # a filter's texts in the batcher's queue at once, per request: a quarter of a batch
 
 
 @dataclass
