@@ -26,6 +26,16 @@ def cached_stack(tmp_path_factory, envoy_binary):
         yield s
 
 
+def stores(stack) -> float:
+    return metric(scrape(stack.metrics_url), "semantic_router_cache_stores_total")
+
+
+def wait_kept(stack, before: float, n: int = 1) -> None:
+    """Behind the keeper an answer is handed to the router after it has gone to the client: a
+    request sent at once after it may still miss, so the tests wait for the keep."""
+    wait_for(lambda: stores(stack) >= before + n, 10, f"{n} more answer(s) kept")
+
+
 def client(stack, key: str, tenant: str = "sk-tenant-a") -> openai.OpenAI:
     # x-mock-key: the mock backends count the requests that reach them under it.
     return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=tenant, max_retries=0,
@@ -39,7 +49,9 @@ def ask(stack, key: str, prompt: str, **kw):
 
 def test_the_same_request_twice_reaches_the_backend_once(cached_stack):
     key, prompt = uuid.uuid4().hex, f"solve the equation 2x + 3 = 11 ({uuid.uuid4().hex[:6]})"
+    before = stores(cached_stack)
     first = ask(cached_stack, key, prompt, temperature=0)
+    wait_kept(cached_stack, before)
     second = ask(cached_stack, key, prompt, temperature=0)
     assert "x-semantic-cache" not in first.headers and second.headers["x-semantic-cache"] == "hit"
     assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
@@ -59,7 +71,9 @@ def test_a_streamed_answer_is_kept_as_it_passes_and_replayed_to_the_sdk(cached_s
             model="auto", messages=[{"role": "user", "content": prompt}], stream=True))
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1]
 
+    before = stores(cached_stack)
     text, _ = streamed()
+    wait_kept(cached_stack, before)
     again, last = streamed()
     assert again == text and text.startswith("[code-model]")
     assert cached_stack.backends.attempts[key] == 1
@@ -74,8 +88,11 @@ def test_a_later_turn_hits_only_the_same_conversation(cached_stack):
     one = [{"role": "user", "content": "solve 2x = 4"}, {"role": "assistant", "content": "x = 2"}]
     two = [{"role": "user", "content": "write a python function"}, {"role": "assistant", "content": "def f(): ..."}]
     follow = {"role": "user", "content": "Yes, please"}
-    for history in (one, two, one):
+    for history in (one, two):
+        before = stores(cached_stack)
         client(cached_stack, key).chat.completions.create(model="auto", messages=[*history, follow])
+        wait_kept(cached_stack, before)
+    client(cached_stack, key).chat.completions.create(model="auto", messages=[*one, follow])
     assert cached_stack.backends.attempts[key] == 2  # the third is the first conversation again
 
 
@@ -93,7 +110,10 @@ def test_opt_outs_and_errors_are_never_kept(cached_stack):
         assert cached_stack.backends.attempts[key] == 6
     text = scrape(cached_stack.metrics_url)
     assert metric(text, "semantic_router_cache_skips_total", 'reason="no_store"') >= 4
-    assert metric(text, "semantic_router_cache_skips_total", 'reason="not_ok"') >= 2
+    # The keeper hands an answer to the router after it has gone to the client: its verdict lands
+    # a moment after the response.
+    wait_for(lambda: metric(scrape(cached_stack.metrics_url), "semantic_router_cache_skips_total",
+                            'reason="not_ok"') >= 2, 10, "both error answers judged not_ok")
     assert metric(text, "semantic_router_cache_lookups_total", 'result="hit"') >= 1
 
 
@@ -109,7 +129,9 @@ def semantic_stack(tmp_path_factory, envoy_binary):
 
 def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(semantic_stack):
     key, tag = uuid.uuid4().hex, uuid.uuid4().hex[:6]
+    before = stores(semantic_stack)
     first = ask(semantic_stack, key, f"solve the equation 2x + 3 = 11 {tag}")
+    wait_kept(semantic_stack, before)
     near = ask(semantic_stack, key, f"please solve the equation 2x + 3 = 11 {tag}")  # cosine ~0.99
     assert "x-semantic-cache" not in first.headers
     assert (near.headers["x-semantic-cache"], near.headers["x-semantic-cache-match"]) == ("hit", "semantic")
@@ -123,7 +145,9 @@ def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(sem
         {"role": "user", "content": f"please solve the equation 2x + 3 = 11 {tag}"}])
     assert semantic_stack.backends.attempts[key] == 4
     # The code route has no semantic matching: a near paraphrase there is a miss.
+    before = stores(semantic_stack)
     ask(semantic_stack, key, f"write a python function that reverses a list {tag}")
+    wait_kept(semantic_stack, before)  # kept: the miss below is the route's rule, not timing
     code = ask(semantic_stack, key, f"please write a python function that reverses a list {tag}")
     assert "x-semantic-cache" not in code.headers and semantic_stack.backends.attempts[key] == 6
 
@@ -138,13 +162,16 @@ def test_the_key_is_the_body_as_forwarded_so_pinned_and_routed_answers_stay_apar
         return httpx.post(f"{cached_stack.url}/v1/chat/completions", json=body, timeout=30,
                           headers={"x-mock-key": key, "authorization": "Bearer sk-forwarded"})
 
+    before = stores(cached_stack)
     pinned = send("math-model")
     assert pinned.headers["x-semantic-route-reason"] == "model_pinned"
     assert "reasoning_effort" not in pinned.json()["mock"]["fields"]
+    wait_kept(cached_stack, before)  # kept, so that the routed request's miss means something
     routed = send("auto")
     assert routed.headers["x-semantic-route"] == "math" and "x-semantic-cache" not in routed.headers
     assert routed.json()["mock"]["fields"]["reasoning_effort"] == "high"
     assert cached_stack.backends.attempts[key] == 2
+    wait_kept(cached_stack, before, 2)
     assert send("auto").headers["x-semantic-cache"] == "hit" and send("math-model").headers["x-semantic-cache"] == "hit"
     # A pinned request that sends what the route would have added is the same request to the backend.
     same = send("math-model", reasoning_effort="high")
@@ -170,9 +197,11 @@ def test_a_client_cannot_write_the_tenant_header(tmp_path_factory, envoy_binary)
     with stack_with(tmp_path_factory.mktemp("tenants"), tenants) as stack:
         key, prompt = uuid.uuid4().hex, f"solve 3x = 12 ({uuid.uuid4().hex[:6]})"
         body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
+        before = stores(stack)
         first = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
                            headers={"x-mock-key": key, "x-tenant": "team-a"})
         assert "x-tenant" not in first.json()["mock"]["headers"]  # neither the router nor the backend saw it
+        wait_kept(stack, before)
         second = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
                             headers={"x-mock-key": key, "x-tenant": "team-b"})
         assert second.headers["x-semantic-cache"] == "hit" and stack.backends.attempts[key] == 1
@@ -188,10 +217,11 @@ def _long_stream(stack, key: str, prompt: str) -> str:
 
 def test_a_500_chunk_answer_is_kept_by_envoys_keeper(cached_stack):
     key, prompt = uuid.uuid4().hex, f"solve 11x = 22 ({uuid.uuid4().hex[:6]})"
+    before = stores(cached_stack)
     first = _long_stream(cached_stack, key, prompt)
     assert first.count("data: ") > 500 and first.endswith("data: [DONE]\n\n")
-    again = wait_for(lambda: (r := _long_stream(cached_stack, key, prompt)) and cached_stack.backends.attempts[key] == 1
-                     and r, 10, "the keeper's call kept the answer")
+    wait_kept(cached_stack, before)
+    again = _long_stream(cached_stack, key, prompt)
     assert " w499" in again and cached_stack.backends.attempts[key] == 1
 
 
@@ -204,7 +234,10 @@ def test_behind_a_gateway_without_the_keeper_the_router_watches_the_answer(tmp_p
 
     with stack_with(tmp_path_factory.mktemp("no-keeper"), cached, envoy_change=lambda c: c.pop("cache")) as stack:
         key, prompt = uuid.uuid4().hex, f"solve 13x = 26 ({uuid.uuid4().hex[:6]})"
+        before = stores(stack)
         first = _long_stream(stack, key, prompt)
+        if not DUPLEX:  # watched, the answer is kept as its last chunk passes the router
+            assert stores(stack) == before + 1
         again = _long_stream(stack, key, prompt)
         assert " w499" in first and " w499" in again
         # Full duplex takes no mode override: without the keeper the answer is not seen, not kept.
