@@ -6,6 +6,7 @@ validation does), each built-in kind with kubernetes-validate. A wrong field mus
 from __future__ import annotations
 
 import copy
+import subprocess
 from functools import lru_cache
 
 import jsonschema
@@ -13,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from devstack.envoy_binary import find_envoy
 from tests.conftest import ROOT
 from tests.test_deploy import K8S, K8S_VERSION, kustomize
 
@@ -57,7 +59,9 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
     return out
 
 
-def validate(obj: dict) -> None:
+def validate(obj: dict, tmp_path=None) -> None:
+    if obj["kind"] == "EnvoyFilter":  # Istio's: no CRD here; what it inserts is checked by Envoy
+        return validate_envoy_filter(obj, tmp_path)
     schema = crd_schemas().get((obj["apiVersion"], obj["kind"]))
     if schema is not None:
         jsonschema.validate(obj, schema)
@@ -65,19 +69,58 @@ def validate(obj: dict) -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
+class EnvoyRejected(Exception):
+    pass
+
+
+def validate_envoy_filter(obj: dict, tmp_path) -> None:
+    """Each HTTP filter the EnvoyFilter inserts, in a minimal Envoy config (a listener, its
+    connection manager, the cluster the filter names), through `envoy --mode validate`."""
+    for patch in obj["spec"]["configPatches"]:
+        assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] in ("INSERT_FIRST", "INSERT_BEFORE")
+        inserted = patch["patch"]["value"]
+        cluster = inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        config = {"static_resources": {
+            "listeners": [{"name": "gateway", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}},
+                           "filter_chains": [{"filters": [{
+                               "name": "envoy.filters.network.http_connection_manager",
+                               "typed_config": {
+                                   "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                            "http_connection_manager.v3.HttpConnectionManager",
+                                   "stat_prefix": "gateway", "route_config": {"name": "r", "virtual_hosts": []},
+                                   "http_filters": [inserted, {"name": "envoy.filters.http.router", "typed_config": {
+                                       "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                               }}]}]}],
+            "clusters": [{"name": cluster, "type": "STATIC", "connect_timeout": "1s",
+                          "typed_extension_protocol_options": {
+                              "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                                  "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                                  "explicit_http_config": {"http2_protocol_options": {}}}},
+                          "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                              "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9004}}}}]}]}}],
+        }}
+        path = tmp_path / "envoy-filter.yaml"
+        path.write_text(yaml.safe_dump(config))
+        out = subprocess.run([find_envoy(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise EnvoyRejected(out.stdout + out.stderr)
+
+
 @pytest.fixture(scope="module", params=GATEWAYS)
 def rendered(request):
     return request.param, kustomize(K8S / "gateways" / request.param)
 
 
-def test_every_object_validates_against_its_schema(rendered):
+def test_every_object_validates_against_its_schema(rendered, tmp_path):
     name, objects = rendered
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HTTPRoute"} <= kinds
     assert ("InferencePool" in kinds) == (name == "inference-extension")
     assert ("EnvoyExtensionPolicy" in kinds) == (name == "envoy-gateway")
+    assert ("EnvoyFilter" in kinds) == (name == "inference-extension")
     for o in objects:
-        validate(o)
+        validate(o, tmp_path)
 
 
 @pytest.mark.parametrize("kind, path, wrong", [
@@ -85,16 +128,18 @@ def test_every_object_validates_against_its_schema(rendered):
     ("InferencePool", ["spec", "targetPorts", 0], {"number": 70000}),
     ("EnvoyExtensionPolicy", ["spec", "extProc", 0, "processingMode", "request", "body"], "Sometimes"),
     ("Deployment", ["spec", "replicas"], "two"),
+    ("EnvoyFilter", ["spec", "configPatches", 0, "patch", "value", "typed_config", "processing_mode",
+                     "request_body_mode"], "SOMETIMES"),
 ])
-def test_a_wrong_field_fails_the_check(kind, path, wrong):
+def test_a_wrong_field_fails_the_check(kind, path, wrong, tmp_path):
     objects = kustomize(K8S / "gateways" / "inference-extension") + kustomize(K8S / "gateways" / "envoy-gateway")
     obj = copy.deepcopy(next(o for o in objects if o["kind"] == kind))
     target = obj
     for step in path[:-1]:
         target = target[step]
     target[path[-1]] = wrong
-    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
-        validate(obj)
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError, EnvoyRejected)):
+        validate(obj, tmp_path)
 
 
 def test_the_routers_config_serves_the_extensions_ports_and_headers(rendered):
