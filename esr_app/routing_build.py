@@ -44,12 +44,10 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
 
 
 def service_settings(config: RouterConfig) -> ServiceSettings:
-    s = config.server
-    return ServiceSettings(deadline_s=s.deadline_ms / 1000.0, requests=config.requests,
+    return ServiceSettings(deadline_s=config.server.deadline_ms / 1000.0, requests=config.requests,
                            max_request_headers=config.envoy.max_request_headers,
                            max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts,
-                           gateway_model_header=s.gateway_model_header,
-                           gateway_base_model_header=s.gateway_base_model_header, base_models=dict(s.base_models))
+                           server=config.server)
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose

@@ -118,18 +118,26 @@ class ResponseCache:
 
     def keep_soon(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None = None) -> None:
         """keep, with an answer larger than READ_INLINE read on a thread: a long stream's events
-        (a 1 MiB answer: ~10,000) must not hold the event loop while they are added up."""
-        if len(raw) <= READ_INLINE:
-            self.keep(key, raw, upstream_s, turn)
-        else:
+        (a 1 MiB answer: ~10,000) must not hold the event loop while they are added up. Never
+        raises: the answer is already on its way, only its keeping can fail."""
+        if len(raw) > READ_INLINE:
             self._spawn(self._keep_read_aside(key, raw, upstream_s, turn))
+            return
+        try:
+            self.keep(key, raw, upstream_s, turn)
+        except Exception as exc:
+            self._keep_failed(exc)
 
     async def _keep_read_aside(self, key: str, raw: bytes, upstream_s: float, turn: Turn | None) -> None:
         try:
             self._store(key, await asyncio.to_thread(answers.read, raw), len(raw), upstream_s, turn)
         except Exception as exc:
-            log.warning("response cache keep failed", extra={"error": type(exc).__name__})
-            metrics.SKIPS.labels("error").inc()
+            self._keep_failed(exc)
+
+    @staticmethod
+    def _keep_failed(exc: Exception) -> None:
+        log.warning("response cache keep failed", extra={"error": type(exc).__name__})
+        metrics.SKIPS.labels("error").inc()
 
     def _store(self, key: str, read: answers.Read, size: int, upstream_s: float, turn: Turn | None) -> None:
         answer, why = read

@@ -7,7 +7,6 @@ backends as without a cache."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis
 
-from esr_cache.semantic import SemanticIndex, Turn
+from esr_cache.semantic import SemanticIndex, Turn, vector_bytes, vector_from
 from esr_cache.store import Entry, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ class RedisStore:
 
     async def publish(self, turn: Turn, key: str, encoder: str) -> None:
         fields: dict[Any, Any] = {"scope": turn.scope, "key": key, "encoder": encoder, "length": turn.length,
-                                  "vector": base64.b64encode(np.asarray(turn.vector, np.float32).tobytes())}
+                                  "vector": vector_bytes(turn.vector)}
         await self._call(self._client.xadd(self.prefix + _INDEX_STREAM, fields, maxlen=_INDEX_MAXLEN,
                                            approximate=True))
 
@@ -85,7 +84,7 @@ class RedisStore:
                 try:
                     if fields.get(b"encoder", b"").decode() != (index.encoder or ""):
                         continue  # another encoder's vector (a router before a model change)
-                    vector = np.frombuffer(base64.b64decode(fields[b"vector"], validate=True), np.float32)
+                    vector = vector_from(fields[b"vector"])
                     if vector.size == 0 or not np.all(np.isfinite(vector)):
                         raise ValueError("empty or not finite")
                     index.add(fields[b"scope"].decode(), vector, fields[b"key"].decode(), int(fields.get(b"length", 0)))

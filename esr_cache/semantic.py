@@ -14,6 +14,7 @@ The index holds one encoder's vectors (`encoder`: cleared when it changes), is b
 
 from __future__ import annotations
 
+import base64
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -27,6 +28,16 @@ LONGER_AT_MOST = 2.0
 def turn_length(text: str) -> int:
     """A turn's length as matching compares it: its characters that are not spaces."""
     return len("".join(text.split()))
+
+
+def vector_bytes(vector: np.ndarray) -> bytes:
+    """A vector as it travels between routers (Redis records, the keeper's entry): base64 float32."""
+    return base64.b64encode(np.asarray(vector, np.float32).tobytes())
+
+
+def vector_from(text: bytes | str) -> np.ndarray:
+    """vector_bytes undone; ValueError for what is not base64."""
+    return np.frombuffer(base64.b64decode(text, validate=True), np.float32)
 
 
 class Turn(NamedTuple):

@@ -44,6 +44,14 @@ class ServerConfig:
         """The standard headers this router sets (and so strips from clients)."""
         return tuple(h for h in (self.gateway_model_header, self.gateway_base_model_header) if h)
 
+    def standard_headers(self, model: str) -> dict[str, str]:
+        """The Inference Extension's headers for a request routed to `model`."""
+        out = {self.gateway_model_header: model} if self.gateway_model_header else {}
+        base = self.base_models.get(model)
+        if base and self.gateway_base_model_header:
+            out[self.gateway_base_model_header] = base
+        return out
+
     def __post_init__(self):
         require(self.workers == "auto" or 1 <= self.workers <= 64, "workers", "must be auto or between 1 and 64")
         for name in ("gateway_model_header", "gateway_base_model_header"):

@@ -12,16 +12,14 @@ Behind any other gateway the router watches the answer as before (ext_proc STREA
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
 from typing import NamedTuple
 
 import grpc
-import numpy as np
 
 from esr_cache.cache import ResponseCache
-from esr_cache.semantic import Turn
+from esr_cache.semantic import Turn, vector_bytes, vector_from
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +38,7 @@ class Entry(NamedTuple):
 def entry_token(key: str, sent_at: float, turn: Turn | None) -> str:
     if turn is None:
         return f"{key};{sent_at:.6f}"
-    vector = base64.b64encode(np.asarray(turn.vector, np.float32).tobytes()).decode()
-    return f"{key};{sent_at:.6f};{turn.scope};{turn.length};{vector}"
+    return f"{key};{sent_at:.6f};{turn.scope};{turn.length};{vector_bytes(turn.vector).decode()}"
 
 
 def read_token(token: str) -> Entry:
@@ -51,8 +48,7 @@ def read_token(token: str) -> Entry:
         raise ValueError("not an entry token")
     turn = None
     if len(parts) == 5:
-        vector = np.frombuffer(base64.b64decode(parts[4], validate=True), np.float32)
-        turn = Turn(parts[2], vector, int(parts[3]))
+        turn = Turn(parts[2], vector_from(parts[4]), int(parts[3]))
     return Entry(parts[0], float(parts[1]), turn)
 
 
@@ -76,9 +72,5 @@ class CacheKeeper:
         if size > self.cache.config.max_entry_bytes:
             self.cache.skipped("too_large")
             return b""
-        try:
-            self.cache.keep_soon(entry.key, answer, max(0.0, time.time() - entry.sent_at), entry.turn)
-        except Exception as exc:  # a damaged answer or entry: never the keeper's stream's problem
-            log.warning("response cache keep failed", extra={"error": type(exc).__name__})
-            self.cache.skipped("error")
+        self.cache.keep_soon(entry.key, answer, max(0.0, time.time() - entry.sent_at), entry.turn)
         return b""

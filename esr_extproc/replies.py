@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Mapping
 
@@ -45,18 +46,13 @@ def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
 # Inference Extension's endpoint picker's (never the router's to set, nor a client's) are removed
 # at the headers phase, with the standard headers the router is configured to set.
 _STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER, EPP_DESTINATION)
-_STRIP_ROUTER_HEADERS = pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=_STRIPPED))
-# A route may already have been picked on the spoofed value: make Envoy pick again without it.
-_STRIP_AND_REROUTE = pb.CommonResponse(
-    header_mutation=pb.HeaderMutation(remove_headers=_STRIPPED), clear_route_cache=True
-)
 
 
+@functools.lru_cache(maxsize=16)  # built once per configuration, not per request
 def _strip(spoofed: bool, also: tuple[str, ...] = ()) -> pb.HeadersResponse:
-    if also:
-        return pb.HeadersResponse(response=pb.CommonResponse(
-            header_mutation=pb.HeaderMutation(remove_headers=(*_STRIPPED, *also)), clear_route_cache=spoofed))
-    return pb.HeadersResponse(response=_STRIP_AND_REROUTE if spoofed else _STRIP_ROUTER_HEADERS)
+    # A route may already have been picked on the spoofed value: make Envoy pick again without it.
+    return pb.HeadersResponse(response=pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(remove_headers=(*_STRIPPED, *also)), clear_route_cache=spoofed))
 
 
 # Envoy replaces its whole processing mode with an override: every phase is named.

@@ -8,7 +8,7 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Mapping, NamedTuple
+from typing import AsyncIterator, NamedTuple
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -23,6 +23,7 @@ from esr_cache.cache import ResponseCache, opted_out
 from esr_cache.semantic import Turn, turn_length
 from esr_extproc.request_body import AMBIGUOUS, BadBody, CacheView, member_bytes, member_digest, with_members
 from esr_extproc import metrics
+from esr_extproc.config import ServerConfig
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.keeper import entry_token
@@ -106,21 +107,7 @@ class ServiceSettings:
     max_request_headers: int  # Envoy's limit (envoy.max_request_headers)
     max_inflated_bytes: int  # an encoded body may inflate to Envoy's own buffer (envoy.max_request_bytes)
     log_prompts: bool = False
-    gateway_model_header: str | None = None  # server.gateway_model_header
-    gateway_base_model_header: str | None = None
-    base_models: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def gateway_headers(self) -> tuple[str, ...]:
-        return tuple(h for h in (self.gateway_model_header, self.gateway_base_model_header) if h)
-
-    def standard_headers(self, model: str) -> dict[str, str]:
-        """The Inference Extension's headers for a request routed to `model`."""
-        out = {self.gateway_model_header: model} if self.gateway_model_header else {}
-        base = self.base_models.get(model)
-        if base and self.gateway_base_model_header:
-            out[self.gateway_base_model_header] = base
-        return out
+    server: ServerConfig = field(default_factory=ServerConfig)  # the standard headers it sets
 
 
 class Serving(NamedTuple):
@@ -232,7 +219,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
         current = self.serving
-        standard = current.settings.gateway_headers if current is not None else ()
+        standard = current.settings.server.gateway_headers if current is not None else ()
         spoofed = any(name in h for name in (*replies.ROUTER_HEADERS, *standard, EPP_DESTINATION))
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
@@ -358,12 +345,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         else:
             stream.answer.append(chunk.body)
             if chunk.end_of_stream:
-                try:
-                    cache.keep_soon(stream.cache_key, b"".join(stream.answer),
-                               time.monotonic() - stream.sent_at, stream.cache_turn)
-                except Exception as exc:  # the answer is already on its way: only its keeping fails
-                    log.warning("response cache keep failed", extra={"error": type(exc).__name__})
-                    cache.skipped("error")
+                cache.keep_soon(stream.cache_key, b"".join(stream.answer), time.monotonic() - stream.sent_at,
+                                stream.cache_turn)
                 stream.cache_key, stream.answer = None, []
         return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
@@ -430,7 +413,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             SCORE: f"{decision.score:.4f}",
             REASON: decision.reason,
             CONFIDENCE: f"{decision.confidence:.4f}",
-            **serving.settings.standard_headers(decision.model),
+            **serving.settings.server.standard_headers(decision.model),
         }
         new_body = None
         if ctx is not None:
@@ -473,7 +456,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     def _safe_extra(ctx: RequestContext) -> dict[str, str]:
         ok = {}
         for name, value in ctx.extra_headers.items():
-            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS and name != EPP_DESTINATION \
+            # x-gateway-*: the Inference Extension's (the endpoint picker's among them), never a filter's
+            if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS \
                     and not name.startswith("x-gateway-"):
                 ok[name] = value
             else:

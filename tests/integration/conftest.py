@@ -94,6 +94,11 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return total
 
 
+def cache_stores(stack) -> float:
+    """Answers the stack's response cache has kept so far."""
+    return metric(scrape(stack.metrics_url), "semantic_router_cache_stores_total")
+
+
 def ask(stack, prompt: str) -> httpx.Response:
     """One chat completion through the stack's Envoy, routed (`model: auto`)."""
     return httpx.post(f"{stack.url}/v1/chat/completions", timeout=10,

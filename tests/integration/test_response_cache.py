@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from devstack.stack import stack_with
-from tests.integration.conftest import DUPLEX, SESSION_DEADLINE_MS, metric, scrape
+from tests.integration.conftest import DUPLEX, SESSION_DEADLINE_MS, cache_stores, metric, scrape
 from tests.support.waiting import wait_for
 
 
@@ -26,14 +26,10 @@ def cached_stack(tmp_path_factory, envoy_binary):
         yield s
 
 
-def stores(stack) -> float:
-    return metric(scrape(stack.metrics_url), "semantic_router_cache_stores_total")
-
-
 def wait_kept(stack, before: float, n: int = 1) -> None:
     """Behind the keeper an answer is handed to the router after it has gone to the client: a
     request sent at once after it may still miss, so the tests wait for the keep."""
-    wait_for(lambda: stores(stack) >= before + n, 10, f"{n} more answer(s) kept")
+    wait_for(lambda: cache_stores(stack) >= before + n, 10, f"{n} more answer(s) kept")
 
 
 def client(stack, key: str, tenant: str = "sk-tenant-a") -> openai.OpenAI:
@@ -49,7 +45,7 @@ def ask(stack, key: str, prompt: str, **kw):
 
 def test_the_same_request_twice_reaches_the_backend_once(cached_stack):
     key, prompt = uuid.uuid4().hex, f"solve the equation 2x + 3 = 11 ({uuid.uuid4().hex[:6]})"
-    before = stores(cached_stack)
+    before = cache_stores(cached_stack)
     first = ask(cached_stack, key, prompt, temperature=0)
     wait_kept(cached_stack, before)
     second = ask(cached_stack, key, prompt, temperature=0)
@@ -71,7 +67,7 @@ def test_a_streamed_answer_is_kept_as_it_passes_and_replayed_to_the_sdk(cached_s
             model="auto", messages=[{"role": "user", "content": prompt}], stream=True))
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1]
 
-    before = stores(cached_stack)
+    before = cache_stores(cached_stack)
     text, _ = streamed()
     wait_kept(cached_stack, before)
     again, last = streamed()
@@ -89,7 +85,7 @@ def test_a_later_turn_hits_only_the_same_conversation(cached_stack):
     two = [{"role": "user", "content": "write a python function"}, {"role": "assistant", "content": "def f(): ..."}]
     follow = {"role": "user", "content": "Yes, please"}
     for history in (one, two):
-        before = stores(cached_stack)
+        before = cache_stores(cached_stack)
         client(cached_stack, key).chat.completions.create(model="auto", messages=[*history, follow])
         wait_kept(cached_stack, before)
     client(cached_stack, key).chat.completions.create(model="auto", messages=[*one, follow])
@@ -129,7 +125,7 @@ def semantic_stack(tmp_path_factory, envoy_binary):
 
 def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(semantic_stack):
     key, tag = uuid.uuid4().hex, uuid.uuid4().hex[:6]
-    before = stores(semantic_stack)
+    before = cache_stores(semantic_stack)
     first = ask(semantic_stack, key, f"solve the equation 2x + 3 = 11 {tag}")
     wait_kept(semantic_stack, before)
     near = ask(semantic_stack, key, f"please solve the equation 2x + 3 = 11 {tag}")  # cosine ~0.99
@@ -145,7 +141,7 @@ def test_a_turn_that_means_the_same_takes_the_answer_on_semantic_routes_only(sem
         {"role": "user", "content": f"please solve the equation 2x + 3 = 11 {tag}"}])
     assert semantic_stack.backends.attempts[key] == 4
     # The code route has no semantic matching: a near paraphrase there is a miss.
-    before = stores(semantic_stack)
+    before = cache_stores(semantic_stack)
     ask(semantic_stack, key, f"write a python function that reverses a list {tag}")
     wait_kept(semantic_stack, before)  # kept: the miss below is the route's rule, not timing
     code = ask(semantic_stack, key, f"please write a python function that reverses a list {tag}")
@@ -162,7 +158,7 @@ def test_the_key_is_the_body_as_forwarded_so_pinned_and_routed_answers_stay_apar
         return httpx.post(f"{cached_stack.url}/v1/chat/completions", json=body, timeout=30,
                           headers={"x-mock-key": key, "authorization": "Bearer sk-forwarded"})
 
-    before = stores(cached_stack)
+    before = cache_stores(cached_stack)
     pinned = send("math-model")
     assert pinned.headers["x-semantic-route-reason"] == "model_pinned"
     assert "reasoning_effort" not in pinned.json()["mock"]["fields"]
@@ -197,7 +193,7 @@ def test_a_client_cannot_write_the_tenant_header(tmp_path_factory, envoy_binary)
     with stack_with(tmp_path_factory.mktemp("tenants"), tenants) as stack:
         key, prompt = uuid.uuid4().hex, f"solve 3x = 12 ({uuid.uuid4().hex[:6]})"
         body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
-        before = stores(stack)
+        before = cache_stores(stack)
         first = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30,
                            headers={"x-mock-key": key, "x-tenant": "team-a"})
         assert "x-tenant" not in first.json()["mock"]["headers"]  # neither the router nor the backend saw it
@@ -217,7 +213,7 @@ def _long_stream(stack, key: str, prompt: str) -> str:
 
 def test_a_500_chunk_answer_is_kept_by_envoys_keeper(cached_stack):
     key, prompt = uuid.uuid4().hex, f"solve 11x = 22 ({uuid.uuid4().hex[:6]})"
-    before = stores(cached_stack)
+    before = cache_stores(cached_stack)
     first = _long_stream(cached_stack, key, prompt)
     assert first.count("data: ") > 500 and first.endswith("data: [DONE]\n\n")
     wait_kept(cached_stack, before)
@@ -234,10 +230,10 @@ def test_behind_a_gateway_without_the_keeper_the_router_watches_the_answer(tmp_p
 
     with stack_with(tmp_path_factory.mktemp("no-keeper"), cached, envoy_change=lambda c: c.pop("cache")) as stack:
         key, prompt = uuid.uuid4().hex, f"solve 13x = 26 ({uuid.uuid4().hex[:6]})"
-        before = stores(stack)
+        before = cache_stores(stack)
         first = _long_stream(stack, key, prompt)
         if not DUPLEX:  # watched, the answer is kept as its last chunk passes the router
-            assert stores(stack) == before + 1
+            assert cache_stores(stack) == before + 1
         again = _long_stream(stack, key, prompt)
         assert " w499" in first and " w499" in again
         # Full duplex takes no mode override: without the keeper the answer is not seen, not kept.
