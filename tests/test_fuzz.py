@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esr_extproc.request_body import AMBIGUOUS, BadBody, parse_body, peek_model, with_model
+from esr_extproc.request_body import AMBIGUOUS, READ_NAMES, BadBody, fold, parse_body, peek_model, with_model
 from router.config import RequestsConfig
 from tests.support.extproc import Harness, body_msg, raw_headers_msg
 
@@ -83,7 +83,21 @@ def test_service_answers_every_message_of_any_sequence(sequence):
     asyncio.run(main())
 
 
-documents = st.dictionaries(st.text(max_size=8).filter(lambda k: k != "model"), json_values, max_size=5)
+def _read_alike(value, top=True) -> bool:
+    """Two member names a case-insensitive backend reads as one, at any depth, or a name the router
+    reads sent in another case: such a body is refused (test_a_body_with_names_that_fold_alike_...)."""
+    if isinstance(value, list):
+        return any(_read_alike(v, False) for v in value)
+    if not isinstance(value, dict):
+        return False
+    folded = [fold(k) for k in value]
+    return (len(set(folded)) != len(folded) or (top and any(k not in READ_NAMES and fold(k) in READ_NAMES
+                                                             for k in value))
+            or any(_read_alike(v, False) for v in value.values()))
+
+
+documents = st.dictionaries(st.text(max_size=8).filter(lambda k: fold(k) != "model"), json_values,
+                            max_size=5).filter(lambda d: not _read_alike(d))
 layouts = st.sampled_from([
     {}, {"indent": 2}, {"separators": (",", ":")}, {"ensure_ascii": False}, {"indent": "\t", "ensure_ascii": False},
 ])
@@ -106,6 +120,26 @@ def test_model_rewrite_changes_only_the_model_value(doc, model, new, first, layo
     else:
         assert out.endswith(raw[1:])
     assert peek_model(raw) == ((model, parsed.model_span) if model is not None else (None, None))
+
+
+# A name and a twin a case-insensitive reader takes for it: other cases, the long s, the Kelvin sign.
+_TWINS = {"a": "aA", "k": "kK\u212a", "s": "sS\u017f", "x": "xX"}
+twin_names = st.text(alphabet="aksx", min_size=1, max_size=4).flatmap(
+    lambda name: st.tuples(st.just(name), st.tuples(*(st.sampled_from(_TWINS[c]) for c in name)).map("".join)
+                           .filter(lambda twin: twin != name)))
+
+
+@given(names=twin_names, others=documents, twin_first=st.booleans())
+@settings(max_examples=100, deadline=None)
+def test_a_body_with_names_that_fold_alike_is_refused_never_rewritten(names, others, twin_first):
+    name, twin = names[::-1] if twin_first else names
+    doc = {name: 1, **{k: v for k, v in others.items() if fold(k) != fold(name)}, twin: 2}
+    try:
+        parse_body(json.dumps(doc).encode(), "/v1/chat/completions")
+    except BadBody as bad:
+        assert bad.kind == "duplicate_key"
+    else:
+        raise AssertionError(f"names that fold alike were accepted: {list(doc)}")
 
 
 def test_model_rewrite_keeps_numbers_escapes_and_lone_surrogates():
