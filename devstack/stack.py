@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from devstack.envoy_binary import find_envoy
 from devstack.mock_backend import MockBackends
 from devstack.readiness import http_ok, wait_ready
-from esr_app.envoy_config import default_backends, render_yaml
+from esr_app.envoy_config import HEADER, default_backends, render
 from esr_config import RouterConfig, load_config
 from esr_extproc.config import BackendConfig
 
@@ -99,9 +99,11 @@ class Stack:
         capture_logs: bool = True,
         launch_router: bool = True,
         envoy_config: Path | None = None,
+        envoy_patch: Callable[[dict], None] | None = None,
     ):
         """launch_router=False: the caller runs a router on ports.router_grpc itself. envoy_config:
-        the router config Envoy's is rendered from, when not the router's own."""
+        the router config Envoy's is rendered from, when not the router's own. envoy_patch: edits
+        the rendered Envoy config (another gateway's own filters and routes around the router)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ports = ports
@@ -111,6 +113,7 @@ class Stack:
         self.capture_logs = capture_logs
         self.launch_router = launch_router
         self.envoy_config = Path(envoy_config) if envoy_config is not None else self.router_config
+        self.envoy_patch = envoy_patch
         self.backends = MockBackends(ports.backends)
         self.router: subprocess.Popen | None = None
         self.envoy: subprocess.Popen | None = None
@@ -186,7 +189,10 @@ class Stack:
 
     def start_envoy(self, timeout: float = 60.0) -> None:
         rendered = self.workdir / "envoy.rendered.yaml"
-        rendered.write_text(render_yaml(on_stack_ports(load_config(self.envoy_config), self.ports)))
+        config = render(on_stack_ports(load_config(self.envoy_config), self.ports))
+        if self.envoy_patch is not None:
+            self.envoy_patch(config)
+        rendered.write_text(HEADER + yaml.safe_dump(config, sort_keys=False, width=120))
         cmd = [find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
         out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
         self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
@@ -212,9 +218,11 @@ BODY_MODE_ENV = "ESR_STACK_BODY_MODE"
 
 @contextlib.contextmanager
 def stack_with(workdir: Path, change: Callable[[dict], None],
-               envoy_change: Callable[[dict], None] | None = None) -> Iterator[Stack]:
+               envoy_change: Callable[[dict], None] | None = None,
+               envoy_patch: Callable[[dict], None] | None = None) -> Iterator[Stack]:
     """A private stack on router.yaml as `change` edits it (Envoy's config rendered from the edit,
-    or from it as `envoy_change` edits it further: a gateway that differs from the router's own)."""
+    or from it as `envoy_change` edits it further: a gateway that differs from the router's own;
+    `envoy_patch` edits the rendered Envoy config itself)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     change(config)
     if os.environ.get(BODY_MODE_ENV):  # the whole suite through another body mode (make test runs both)
@@ -226,7 +234,7 @@ def stack_with(workdir: Path, change: Callable[[dict], None],
         envoy_config = workdir / "envoy-source.yaml"
         envoy_config.write_text(yaml.safe_dump(config))
     s = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml",
-              envoy_config=envoy_config)
+              envoy_config=envoy_config, envoy_patch=envoy_patch)
     s.start()
     try:
         yield s

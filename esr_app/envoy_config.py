@@ -177,7 +177,7 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
-                "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
+                "request_body_mode": config.envoy.request_body_mode.upper(),
                 "response_body_mode": "NONE",
                 # Full duplex: trailers end a body that has them, so the router must see them.
                 "request_trailer_mode": "SEND" if duplex else "SKIP",

@@ -125,7 +125,7 @@ class EnvoyConfig:
     # come, the router holding them (up to max_request_bytes) and sending the body back: the mode of
     # the Inference Extension's body-based router, which cannot fail open once chunks went out.
     # The router reads which from each stream, whatever this says (docs/gateways).
-    request_body_mode: Literal["buffered", "full_duplex_streamed"] = "buffered"
+    request_body_mode: Literal["buffered", "streamed", "full_duplex_streamed"] = "buffered"
     # The request header the rendered routes match to pick a backend: the router's x-selected-model
     # (None), or the standard one it also sets (server.gateway_model_header), as an Inference
     # Extension HTTPRoute does.

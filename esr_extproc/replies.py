@@ -58,6 +58,7 @@ def _strip(spoofed: bool, also: tuple[str, ...] = ()) -> pb.HeadersResponse:
 # Envoy replaces its whole processing mode with an override: every phase is named.
 _PM = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _PM.FULL_DUPLEX_STREAMED
+STREAMED = _PM.STREAMED
 STREAMED_CHUNK = 64 * 1024  # a body goes back in streamed answers of at most this much
 # The response's headers are not needed (what is kept must read as a whole chat completion, which
 # no error or encoded body does): one message less per cacheable request.
@@ -65,12 +66,22 @@ _WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFER
                       response_header_mode=_PM.SKIP, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
 
 
-def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[str, ...] = ()) -> pb.ProcessingResponse:
+# STREAMED request bodies (Envoy Gateway's `Streamed`): Envoy sends the headers on to routing as soon
+# as they are answered, so an LLM call's body is asked for whole instead, and the headers wait for it.
+_BUFFER_REQUEST = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
+                      response_header_mode=_PM.SKIP, response_body_mode=_PM.NONE, response_trailer_mode=_PM.SKIP)
+
+
+def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[str, ...] = (),
+                     buffer_body: bool = False) -> pb.ProcessingResponse:
     """`watch_response`: Envoy also sends the response's body as it streams through (the response
     cache keeps it); asked for at the headers phase, the only one where Envoy takes it. `also`:
-    more headers to strip (the configured standard ones)."""
+    more headers to strip (the configured standard ones). `buffer_body`: the body is asked for whole
+    (STREAMED mode; watching the response asks for that too)."""
     if watch_response:
         return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_WATCH_RESPONSE)
+    if buffer_body:
+        return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_BUFFER_REQUEST)
     return pb.ProcessingResponse(request_headers=_strip(spoofed, also))
 
 

@@ -66,7 +66,7 @@ class _Stream:
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
                  "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "duplex", "held_headers",
-                 "body_bytes")
+                 "body_bytes", "streamed", "unbuffered")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -92,6 +92,10 @@ class _Stream:
         self.duplex = False
         self.held_headers: pb.ProcessingResponse | None = None
         self.body_bytes = 0
+        # STREAMED request bodies: an LLM call's body is asked for whole (mode_override); a gateway
+        # that refuses overrides streams it on anyway, too late to route (`unbuffered`).
+        self.streamed = False
+        self.unbuffered = False
 
     @property
     def llm_call(self) -> bool:
@@ -149,6 +153,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             kind = request.WhichOneof("request")
             if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
                 stream.duplex = request.protocol_config.request_body_mode == replies.FULL_DUPLEX
+                stream.streamed = request.protocol_config.request_body_mode == replies.STREAMED
             if kind == "request_headers":
                 answer = self._on_headers(request.request_headers, stream)
                 if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \
@@ -169,8 +174,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     for answer in await self._on_duplex_chunk(stream, chunk.end_of_stream):
                         yield answer
                 elif chunk.end_of_stream:
-                    yield await self._on_body(stream)
+                    answer = await self._on_body(stream)
+                    yield self._too_late_to_route(answer) if stream.unbuffered else answer
                 else:
+                    if stream.streamed and stream.llm_call and not stream.unbuffered:
+                        stream.unbuffered = True  # the body was asked for whole: the override was refused
+                        self._refused_override()
                     yield replies.body_continue()
             elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
                 for answer in await self._on_duplex_chunk(stream, True):  # trailers end the body
@@ -202,6 +211,22 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.started = time.monotonic()
         held, stream.held_headers = stream.held_headers, None
         return replies.duplex(held, await self._on_body(stream), b"".join(stream.body))
+
+    @staticmethod
+    def _refused_override() -> None:
+        metrics.BAD_REQUESTS.labels("streamed_unbuffered").inc()
+        log.warning("Envoy streamed an LLM call's body on after its headers: set allow_mode_override "
+                    "(Envoy Gateway: processingMode.allowModeOverride) or request_body_mode BUFFERED or "
+                    "FULL_DUPLEX_STREAMED; until then such requests take the gateway's default route")
+
+    @staticmethod
+    def _too_late_to_route(answer: pb.ProcessingResponse) -> pb.ProcessingResponse:
+        """The headers went on to routing and the chunks to the backend as they came: only an
+        immediate answer (a refusal, a guard's block, a cached answer) still stands."""
+        if answer.HasField("immediate_response"):
+            return answer
+        metrics.REQUESTS.labels("too_late_to_route").inc()
+        return replies.body_continue()
 
     @staticmethod
     def _from_attributes(request: pb.ProcessingRequest, stream: _Stream) -> None:
@@ -255,8 +280,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 # there an answer is kept only by the keeper, or where the gateway's own config
                 # sends the router response bodies.
                 stream.kept_by_envoy = h.get(CACHE_KEEPER) == "lua"
-                return replies.headers_continue(spoofed, not stream.kept_by_envoy and not stream.duplex, standard)
-        return replies.headers_continue(spoofed, also=standard)
+                return replies.headers_continue(spoofed, not stream.kept_by_envoy and not stream.duplex, standard,
+                                               buffer_body=stream.streamed)
+        return replies.headers_continue(spoofed, also=standard, buffer_body=stream.streamed)
 
     async def _on_body(self, stream: _Stream) -> pb.ProcessingResponse:
         started = time.perf_counter()
