@@ -3,7 +3,8 @@ mid-body, and stalled (SIGSTOP) mid-body.
 
     python -m bench.router_failure [--out build/bench-router-failure.json]
 
-One stack per mode (router.yaml, mock backends, Envoy rendered for the mode: buffered fails open,
+One stack per mode (router.yaml, mock backends, Envoy rendered for the mode: buffered and streamed
+(where the router asks for an LLM call's body whole) fail open,
 full duplex cannot). Each case sends a chat completion whose body arrives in chunks 100 ms apart
 (so the failure can land mid-body), and records the status, whether a backend answered, whether
 the router routed it, and how long the client waited.
@@ -37,7 +38,8 @@ def send(url: str, gap_s: float, on_second_chunk=None) -> dict:
 
     t0 = time.monotonic()
     try:
-        r = httpx.post(f"{url}/v1/chat/completions", content=chunks(), timeout=30,
+        # Past the rendered request_timeout (60 s): what ends a wait on a stalled router in full duplex.
+        r = httpx.post(f"{url}/v1/chat/completions", content=chunks(), timeout=90,
                        headers={"content-type": "application/json"})
         return {"status": r.status_code, "backend": r.headers.get("x-mock-backend", "-"),
                 "routed": r.headers.get("x-semantic-route-reason", "-"), "waited_ms": round((time.monotonic() - t0) * 1000)}
@@ -67,9 +69,10 @@ def cases(stack) -> list[tuple[str, dict]]:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.router_failure")
     p.add_argument("--out", default=None)
+    p.add_argument("--modes", nargs="+", default=["buffered", "streamed", "full_duplex_streamed"])
     args = p.parse_args()
     rows = []
-    for mode in ("buffered", "full_duplex_streamed"):
+    for mode in args.modes:
         def change(config, mode=mode):
             config.setdefault("envoy", {})["request_body_mode"] = mode
 

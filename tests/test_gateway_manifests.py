@@ -16,10 +16,11 @@ import yaml
 
 from devstack.envoy_binary import find_envoy
 from tests.conftest import ROOT
+from tests.support.gateways import patch_policy_parts
 from tests.test_deploy import K8S, K8S_VERSION, kustomize
 
 CRDS = ROOT.parent / "shared" / "k8s-crds"
-GATEWAYS = ["inference-extension", "envoy-gateway"]
+GATEWAYS = ["inference-extension", "envoy-gateway", "ai-gateway"]
 
 
 def strict(schema: dict) -> dict:
@@ -62,6 +63,8 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
 def validate(obj: dict, tmp_path=None) -> None:
     if obj["kind"] == "EnvoyFilter":  # Istio's: no CRD here; what it inserts is checked by Envoy
         return validate_envoy_filter(obj, tmp_path)
+    if obj["kind"] == "EnvoyPatchPolicy":  # its patches' values are Envoy's own config: Envoy checks them
+        envoy_validates(*patch_policy_parts(obj), tmp_path)
     schema = crd_schemas().get((obj["apiVersion"], obj["kind"]))
     if schema is not None:
         jsonschema.validate(obj, schema)
@@ -74,37 +77,44 @@ class EnvoyRejected(Exception):
 
 
 def validate_envoy_filter(obj: dict, tmp_path) -> None:
-    """Each HTTP filter the EnvoyFilter inserts, in a minimal Envoy config (a listener, its
-    connection manager, the cluster the filter names), through `envoy --mode validate`."""
+    """Each HTTP filter the EnvoyFilter inserts, on a cluster of the name it gives."""
     for patch in obj["spec"]["configPatches"]:
         assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] in ("INSERT_FIRST", "INSERT_BEFORE")
         inserted = patch["patch"]["value"]
-        cluster = inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
-        config = {"static_resources": {
-            "listeners": [{"name": "gateway", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}},
-                           "filter_chains": [{"filters": [{
-                               "name": "envoy.filters.network.http_connection_manager",
-                               "typed_config": {
-                                   "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                            "http_connection_manager.v3.HttpConnectionManager",
-                                   "stat_prefix": "gateway", "route_config": {"name": "r", "virtual_hosts": []},
-                                   "http_filters": [inserted, {"name": "envoy.filters.http.router", "typed_config": {
-                                       "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
-                               }}]}]}],
-            "clusters": [{"name": cluster, "type": "STATIC", "connect_timeout": "1s",
-                          "typed_extension_protocol_options": {
-                              "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                                  "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                                  "explicit_http_config": {"http2_protocol_options": {}}}},
-                          "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
-                              "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9004}}}}]}]}}],
-        }}
-        path = tmp_path / "envoy-filter.yaml"
-        path.write_text(yaml.safe_dump(config))
-        out = subprocess.run([find_envoy(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise EnvoyRejected(out.stdout + out.stderr)
+        name = inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        envoy_validates(inserted, {"name": name, "type": "STATIC", "connect_timeout": "1s",
+                                   "typed_extension_protocol_options": {
+                                       "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                                           "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                                                    "HttpProtocolOptions",
+                                           "explicit_http_config": {"http2_protocol_options": {}}}},
+                                   "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{
+                                       "endpoint": {"address": {"socket_address": {
+                                           "address": "127.0.0.1", "port_value": 9004}}}}]}]}}, tmp_path)
+
+
+def envoy_validates(http_filter: dict, cluster: dict, tmp_path) -> None:
+    """`envoy --mode validate` of a minimal config: a listener whose connection manager runs
+    `http_filter` first, and `cluster` (the one the filter names)."""
+    config = {"static_resources": {
+        "listeners": [{"name": "gateway", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}},
+                       "filter_chains": [{"filters": [{
+                           "name": "envoy.filters.network.http_connection_manager",
+                           "typed_config": {
+                               "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                        "http_connection_manager.v3.HttpConnectionManager",
+                               "stat_prefix": "gateway", "route_config": {"name": "r", "virtual_hosts": []},
+                               "http_filters": [http_filter, {"name": "envoy.filters.http.router", "typed_config": {
+                                   "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                           }}]}]}],
+        "clusters": [cluster],
+    }}
+    path = tmp_path / "envoy-filter.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([find_envoy(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise EnvoyRejected(out.stdout + out.stderr)
 
 
 @pytest.fixture(scope="module", params=GATEWAYS)
@@ -115,10 +125,12 @@ def rendered(request):
 def test_every_object_validates_against_its_schema(rendered, tmp_path):
     name, objects = rendered
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HTTPRoute"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"} <= kinds
     assert ("InferencePool" in kinds) == (name == "inference-extension")
     assert ("EnvoyExtensionPolicy" in kinds) == (name == "envoy-gateway")
     assert ("EnvoyFilter" in kinds) == (name == "inference-extension")
+    assert ({"EnvoyPatchPolicy", "AIGatewayRoute", "AIServiceBackend"} <= kinds) == (name == "ai-gateway")
+    assert ("HTTPRoute" in kinds) == (name != "ai-gateway")  # AI Gateway makes its own of its route
     for o in objects:
         validate(o, tmp_path)
 
@@ -130,9 +142,15 @@ def test_every_object_validates_against_its_schema(rendered, tmp_path):
     ("Deployment", ["spec", "replicas"], "two"),
     ("EnvoyFilter", ["spec", "configPatches", 0, "patch", "value", "typed_config", "processing_mode",
                      "request_body_mode"], "SOMETIMES"),
+    ("AIGatewayRoute", ["spec", "rules", 0, "matches", 0, "headers", 0, "type"], "Prefix"),
+    ("AIServiceBackend", ["spec", "schema", "name"], "OpenAl"),
+    ("EnvoyPatchPolicy", ["spec", "jsonPatches", 0, "operation", "op"], "upsert"),
+    ("EnvoyPatchPolicy", ["spec", "jsonPatches", 1, "operation", "value", "typed_config", "processing_mode",
+                          "request_body_mode"], "SOMETIMES"),
+    ("EnvoyPatchPolicy", ["spec", "jsonPatches", 0, "operation", "value", "type"], "DNS"),
 ])
 def test_a_wrong_field_fails_the_check(kind, path, wrong, tmp_path):
-    objects = kustomize(K8S / "gateways" / "inference-extension") + kustomize(K8S / "gateways" / "envoy-gateway")
+    objects = [o for gateway in GATEWAYS for o in kustomize(K8S / "gateways" / gateway)]
     obj = copy.deepcopy(next(o for o in objects if o["kind"] == kind))
     target = obj
     for step in path[:-1]:
