@@ -1,16 +1,17 @@
-"""Routed req/s through Envoy with the request body BUFFERED vs FULL_DUPLEX_STREAMED, and ordinary
-requests beside slow chunked uploads in full duplex.
+"""Routed req/s through Envoy with the request body BUFFERED vs STREAMED vs FULL_DUPLEX_STREAMED, and
+ordinary requests beside slow chunked uploads in each streaming mode.
 
     python -m bench.body_modes [--seconds 8] [--trials 3] [--concurrency 64] [--out build/bench-body-modes.json]
 
-Two stacks (router.yaml, mock backends, Envoy), one per body mode; new prompts (unique across
-clients and runs) at --concurrency, trials interleaved. Then, on the full-duplex stack: 20 ordinary
+Three stacks (router.yaml, mock backends, Envoy), one per body mode; new prompts (unique across
+clients and runs) at --concurrency, trials interleaved. Then, on each streaming stack: 20 ordinary
 requests alone, and again beside 8 uploads each sending 1 MiB in 16 KiB chunks 20 ms apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import threading
@@ -60,6 +61,24 @@ def slow_upload(url: str, stop: threading.Event) -> None:
         http.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
 
 
+STREAMING = ("streamed", "full_duplex_streamed")
+
+
+def beside_uploads(url: str) -> tuple[list[float], list[float]]:
+    """20 ordinary requests alone, then beside 8 slow 1 MiB uploads."""
+    alone = ordinary(url)
+    stop = threading.Event()
+    uploads = [threading.Thread(target=slow_upload, args=(url, stop)) for _ in range(8)]
+    for t in uploads:
+        t.start()
+    time.sleep(0.3)
+    beside = ordinary(url)
+    stop.set()
+    for t in uploads:
+        t.join(timeout=60)
+    return alone, beside
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.body_modes")
     p.add_argument("--seconds", type=float, default=8.0)
@@ -73,37 +92,31 @@ def main() -> None:
             config.setdefault("envoy", {})["request_body_mode"] = name
         return change
 
-    with stack_with(Path(tempfile.mkdtemp(prefix="bench-buffered-")), mode("buffered")) as buffered, \
-            stack_with(Path(tempfile.mkdtemp(prefix="bench-duplex-")), mode("full_duplex_streamed")) as duplex:
-        for stack in (buffered, duplex):
-            ordinary(stack.url, 50)  # warm-up
-        trials: dict[str, list[float]] = {"buffered": [], "full_duplex_streamed": []}
+    modes = ("buffered", *STREAMING)
+    with contextlib.ExitStack() as stacks:
+        stack = {m: stacks.enter_context(stack_with(Path(tempfile.mkdtemp(prefix=f"bench-{m}-")), mode(m)))
+                 for m in modes}
+        for m in modes:
+            ordinary(stack[m].url, 50)  # warm-up
+        trials: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(args.trials):
-            for name, stack in (("buffered", buffered), ("full_duplex_streamed", duplex)):
-                trials[name].append(round(closed_loop_rps(stack.url, args.seconds, args.concurrency, _routed), 1))
-        alone = ordinary(duplex.url)
-        stop = threading.Event()
-        uploads = [threading.Thread(target=slow_upload, args=(duplex.url, stop)) for _ in range(8)]
-        for t in uploads:
-            t.start()
-        time.sleep(0.3)
-        beside = ordinary(duplex.url)
-        stop.set()
-        for t in uploads:
-            t.join(timeout=60)
+            for m in modes:
+                trials[m].append(round(closed_loop_rps(stack[m].url, args.seconds, args.concurrency, _routed), 1))
+        paced = {m: beside_uploads(stack[m].url) for m in STREAMING}
     median = {k: sorted(v)[len(v) // 2] for k, v in trials.items()}
-    ratio = median["full_duplex_streamed"] / median["buffered"]
     rows = [{"workload": f"c{args.concurrency}", "scenario": k, "throughput_rps": median[k]} for k in trials]
-    rows += [{"workload": "full duplex, sequential", "scenario": "ordinary, alone", **latency_stats(alone)},
-             {"workload": "full duplex, sequential", "scenario": "ordinary, beside 8 slow 1 MiB uploads",
-              **latency_stats(beside)}]
-    checks = {
-        "routed req/s, full duplex >= 0.9 x buffered": {
-            "ok": ratio >= 0.9, "detail": f"{ratio:.2f}x; trials {json.dumps(trials)}"},
-        "ordinary beside slow uploads: none slower than alone + 100 ms": {
+    checks = {}
+    for m in STREAMING:
+        alone, beside = paced[m]
+        rows += [{"workload": f"{m}, sequential", "scenario": "ordinary, alone", **latency_stats(alone)},
+                 {"workload": f"{m}, sequential", "scenario": "ordinary, beside 8 slow 1 MiB uploads",
+                  **latency_stats(beside)}]
+        ratio = median[m] / median["buffered"]
+        checks[f"routed req/s, {m} >= 0.9 x buffered"] = {
+            "ok": ratio >= 0.9, "detail": f"{ratio:.2f}x; trials {json.dumps(trials)}"}
+        checks[f"{m}: ordinary beside slow uploads, none slower than alone + 100 ms"] = {
             "ok": max(beside) <= max(alone) + 0.1,
-            "detail": f"slowest {max(beside) * 1000:.0f} ms beside vs {max(alone) * 1000:.0f} ms alone"},
-    }
+            "detail": f"slowest {max(beside) * 1000:.0f} ms beside vs {max(alone) * 1000:.0f} ms alone"}
     emit({"rows": rows, "checks": checks, "trials": trials}, args.out,
          columns=("workload", "scenario", "throughput_rps", "p50_ms", "p95_ms", "p99_ms"))
 
