@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test-duplex run test check models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
+.PHONY: test-duplex test-streamed run test check models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,17 +73,21 @@ check: $(STAMP)
 # started (Envoy, routers, Infinity, the CLI), so two share the 2-core machine well (README, "Development").
 PYTEST_WORKERS ?= 2
 # Then the routing, edge, guard and cache checks through Envoy again with full-duplex request
-# bodies (the Inference Extension's mode): every outcome must be the same in both.
-DUPLEX_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.py \
+# bodies (the Inference Extension's mode) and with streamed ones (Envoy Gateway's Streamed): every
+# outcome must be the same in each.
+MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.py \
 	tests/integration/test_bad_input.py tests/integration/test_edge_adversarial.py \
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
 	tests/integration/test_decisions.py tests/integration/test_conversation.py
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(MAKE) test-duplex
+	$(MAKE) test-duplex test-streamed
 
 test-duplex: $(STAMP) $(MODELS)
-	ESR_STACK_BODY_MODE=full_duplex_streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(DUPLEX_TESTS)
+	ESR_STACK_BODY_MODE=full_duplex_streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(MODE_TESTS)
+
+test-streamed: $(STAMP) $(MODELS)
+	ESR_STACK_BODY_MODE=streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(MODE_TESTS)
 
 test-unit: $(STAMP) $(MODELS) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
