@@ -8,6 +8,8 @@ import json
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from prometheus_client import REGISTRY
+
 from filters.chain import FilterChain
 from tests.support.extproc import CONFIG, Harness, body_msg, chat, headers_msg, run, set_headers
 from tests.support.fakes import FakeBackend
@@ -437,6 +439,37 @@ def test_full_duplex_holds_the_headers_answer_until_the_body_is_whole():
             assert routed["x-semantic-route"] == "math" and headers.request_headers.response.clear_route_cache
             streamed = body.request_body.response.body_mutation.streamed_response
             assert streamed.end_of_stream and json.loads(streamed.body)["model"] == routed["x-selected-model"]
+
+    run(main())
+
+
+def test_streamed_bodies_are_asked_for_whole_and_a_refused_override_is_never_a_misroute():
+    streamed = processing_mode_pb2.ProcessingMode.STREAMED
+
+    def first(path="/v1/chat/completions"):
+        msg = headers_msg(path=path)
+        msg.protocol_config.request_body_mode = streamed
+        return msg
+
+    async def main():
+        async with Harness() as h:
+            # An LLM call: the headers answer asks for the whole body, then the route follows it.
+            answer, routed = await h.exchange(first(), body_msg(chat("solve 3x + 5 = 20")))
+            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
+            assert set_headers(routed)["x-semantic-route"] == "math" and routed.request_body.response.clear_route_cache
+            # Any other path streams past untouched.
+            (other,) = await h.exchange(first("/v1/models"))
+            assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            # The gateway refused the override: chunks came after the headers had gone to routing.
+            before = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "streamed_unbuffered"}) or 0
+            raw = json.dumps(chat("solve 3x + 5 = 20")).encode()
+            answers = await h.exchange(first(), pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[:20])),
+                                       pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[20:], end_of_stream=True)))
+            assert [a.WhichOneof("response") for a in answers] == ["request_headers", "request_body", "request_body"]
+            # Neither a rewritten body for a backend routing never chose, nor headers too late to act on.
+            assert answers[2] == pb.ProcessingResponse(request_body=pb.BodyResponse())
+            after = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "streamed_unbuffered"})
+            assert after == before + 1
 
     run(main())
 
