@@ -20,10 +20,10 @@ W1 = RNG.normal(0, 0.05, (64, 96)).astype(np.float32)
 W2 = RNG.normal(0, 0.05, (96, 32)).astype(np.float32)
 
 
-def two_layer_model(path) -> None:
+def two_layer_model(path, rng: np.random.Generator = RNG) -> None:
     """input_ids/attention_mask in (as the export's); x: 64 channels from each id, one of them an
     outlier, growing with the id; y = relu(x W1) W2: two weight MatMuls the quantizer rewrites."""
-    spread = numpy_helper.from_array(RNG.normal(0, 1, (1, 64)).astype(np.float32), "spread")
+    spread = numpy_helper.from_array(rng.normal(0, 1, (1, 64)).astype(np.float32), "spread")
     outlier = np.ones((1, 64), np.float32)
     outlier[0, 5] = 40.0  # one channel far larger than the rest, as LayerNorm outputs have
     nodes = [
@@ -78,18 +78,27 @@ def test_rows_are_quantized_alone_and_close_to_fp32(tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", EXACT_HERE)
 def test_smoothing_moves_an_outlier_channel_into_the_weights(tmp_path, fmt):
-    fp32, plain, smoothed = tmp_path / "fp32.onnx", tmp_path / "plain.onnx", tmp_path / "smoothed.onnx"
-    two_layer_model(fp32)
-    calib = [(RNG.integers(1, 30000, (4, 16)), np.ones((4, 16), np.int64)) for _ in range(4)]
-    ranges = activation_ranges(fp32, calib)
-    assert set(ranges) == {"x", "hr"} and np.abs(ranges["x"]).max(axis=0).argmax() == 5  # the outlier channel is seen
-    assert is_skewed(ranges["hr"]) and not is_skewed(ranges["x"])  # relu outputs: centred; x: scaled by its maximum
-    quantize_per_token(fp32, plain, None, fmt)
-    quantize_per_token(fp32, smoothed, ranges, fmt)
-    ids = RNG.integers(1, 30000, (8, 16))
-    want = run(fp32, ids)
-    error = {name: 1 - cosine(run(path, ids), want).mean() for name, path in (("plain", plain), ("smoothed", smoothed))}
-    assert error["smoothed"] < 0.5 * error["plain"], error
+    # Eight models of their own seeds, not the module's stream: which tests ran before (how many
+    # formats this CPU computes exactly) no longer picks the one model the claim rests on. One draw
+    # gains 1.5x, another 2.4x, all eight together 1.96x (VNNI, both formats).
+    errors: dict[str, list[float]] = {"plain": [], "smoothed": []}
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        fp32, plain, smoothed = tmp_path / "fp32.onnx", tmp_path / "plain.onnx", tmp_path / "smoothed.onnx"
+        two_layer_model(fp32, rng)
+        calib = [(rng.integers(1, 30000, (4, 16)), np.ones((4, 16), np.int64)) for _ in range(4)]
+        ranges = activation_ranges(fp32, calib)
+        assert set(ranges) == {"x", "hr"} and np.abs(ranges["x"]).max(axis=0).argmax() == 5  # the outlier is seen
+        assert is_skewed(ranges["hr"]) and not is_skewed(ranges["x"])  # relu outputs: centred; x: by its maximum
+        quantize_per_token(fp32, plain, None, fmt)
+        quantize_per_token(fp32, smoothed, ranges, fmt)
+        ids = rng.integers(1, 30000, (8, 16))
+        want = run(fp32, ids)
+        for name, path in (("plain", plain), ("smoothed", smoothed)):
+            errors[name].append(1 - cosine(run(path, ids), want).mean())
+    plain_error, smoothed_error = np.array(errors["plain"]), np.array(errors["smoothed"])
+    assert (smoothed_error < 0.75 * plain_error).all(), errors
+    assert smoothed_error.sum() < 0.55 * plain_error.sum(), errors
 
 
 @pytest.mark.parametrize("fmt", EXACT_HERE)

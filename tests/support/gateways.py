@@ -44,6 +44,14 @@ def extension_policy_filter(policy: dict, body_mode: str | None = None) -> dict:
                 }}}
 
 
+def envoy_filter_inserted(envoy_filter: dict) -> dict:
+    """The HTTP filter an Istio EnvoyFilter inserts, on the stack's router cluster."""
+    (patch,) = envoy_filter["spec"]["configPatches"]
+    inserted = copy.deepcopy(patch["patch"]["value"])
+    inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = ROUTER_CLUSTER
+    return inserted
+
+
 def patch_policy_parts(policy: dict) -> tuple[dict, dict]:
     """(the HTTP filter, the cluster) an EnvoyPatchPolicy adds."""
     filters = [p["operation"]["value"] for p in policy["spec"]["jsonPatches"] if p["type"].endswith("Listener")]
