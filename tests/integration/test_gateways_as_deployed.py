@@ -146,12 +146,12 @@ def test_a_slow_upload_holds_nothing_but_itself(gateway):
     slow_body = _body("Write a bash script that renames all files in a folder", pad=200_000)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         slow = pool.submit(httpx.post, f"{stack.url}/v1/chat/completions", timeout=60,
-                           content=_paced(slow_body, 16 * 1024, 0.2), headers={"content-type": "application/json"})
+                           content=_paced(slow_body, 16 * 1024, 0.4), headers={"content-type": "application/json"})
         fast = []
         for i in range(5):
             raw = chat(stack, [{"role": "user", "content": f"compute {i} times 23"}])
             fast.append(raw.headers["x-mock-backend"])
-        assert not slow.done(), "the slow upload (13 chunks 0.2 s apart) ended before the fast requests"
+        assert not slow.done(), "the slow upload (13 chunks 0.4 s apart) ended before the fast requests"
         assert fast == ["math-model"] * 5
         assert slow.result().headers["x-mock-backend"] == "code-model"
 
