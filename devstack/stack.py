@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from devstack.envoy_binary import find_envoy
 from devstack.mock_backend import MockBackends
 from devstack.readiness import http_ok, wait_ready
-from esr_app.envoy_config import HEADER, default_backends, render
+from esr_app.envoy_config import default_backends, dump, render
 from esr_config import RouterConfig, load_config
 from esr_extproc.config import BackendConfig
 
@@ -192,7 +192,7 @@ class Stack:
         config = render(on_stack_ports(load_config(self.envoy_config), self.ports))
         if self.envoy_patch is not None:
             self.envoy_patch(config)
-        rendered.write_text(HEADER + yaml.safe_dump(config, sort_keys=False, width=120))
+        rendered.write_text(dump(config))
         cmd = [find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
         out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
         self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)

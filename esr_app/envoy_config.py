@@ -389,4 +389,9 @@ def _stats_listener(e) -> dict:
 
 
 def render_yaml(config: RouterConfig) -> str:
-    return HEADER + yaml.safe_dump(render(config), sort_keys=False, width=120)
+    return dump(render(config))
+
+
+def dump(envoy: dict[str, Any]) -> str:
+    """A rendered Envoy config as the file Envoy reads."""
+    return HEADER + yaml.safe_dump(envoy, sort_keys=False, width=120)

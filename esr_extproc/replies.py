@@ -57,8 +57,7 @@ def _strip(spoofed: bool, also: tuple[str, ...] = ()) -> pb.HeadersResponse:
 
 # Envoy replaces its whole processing mode with an override: every phase is named.
 _PM = processing_mode_pb2.ProcessingMode
-FULL_DUPLEX = _PM.FULL_DUPLEX_STREAMED
-STREAMED = _PM.STREAMED
+BUFFERED, STREAMED, FULL_DUPLEX = _PM.BUFFERED, _PM.STREAMED, _PM.FULL_DUPLEX_STREAMED
 STREAMED_CHUNK = 64 * 1024  # a body goes back in streamed answers of at most this much
 # The response's headers are not needed (what is kept must read as a whole chat completion, which
 # no error or encoded body does): one message less per cacheable request.

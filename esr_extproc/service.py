@@ -65,8 +65,8 @@ class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
-                 "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "duplex", "held_headers",
-                 "body_bytes", "streamed", "unbuffered")
+                 "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "body_mode", "held_headers",
+                 "body_bytes", "unbuffered")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -87,15 +87,22 @@ class _Stream:
         self.cache_turn: Turn | None = None  # semantic matching: the last user turn, embedded
         self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
         self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
-        # FULL_DUPLEX_STREAMED request bodies (said by Envoy's first message): the headers answer is
-        # held until the body is whole, then sent with the route before the body.
-        self.duplex = False
-        self.held_headers: pb.ProcessingResponse | None = None
+        self.body_mode = replies.BUFFERED  # as Envoy's first message says (protocol_config)
+        self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.body_bytes = 0
-        # STREAMED request bodies: an LLM call's body is asked for whole (mode_override); a gateway
-        # that refuses overrides streams it on anyway, too late to route (`unbuffered`).
-        self.streamed = False
-        self.unbuffered = False
+        self.unbuffered = False  # streamed: the body came on in chunks, the override refused
+
+    @property
+    def duplex(self) -> bool:
+        """FULL_DUPLEX_STREAMED: the headers answer is held until the body is whole, then sent with
+        the route before the body."""
+        return self.body_mode == replies.FULL_DUPLEX
+
+    @property
+    def streamed(self) -> bool:
+        """STREAMED: an LLM call's body is asked for whole (mode_override); a gateway that refuses
+        overrides streams it on anyway, too late to route."""
+        return self.body_mode == replies.STREAMED
 
     @property
     def llm_call(self) -> bool:
@@ -152,8 +159,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         async for request in request_iterator:
             kind = request.WhichOneof("request")
             if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
-                stream.duplex = request.protocol_config.request_body_mode == replies.FULL_DUPLEX
-                stream.streamed = request.protocol_config.request_body_mode == replies.STREAMED
+                stream.body_mode = request.protocol_config.request_body_mode
             if kind == "request_headers":
                 answer = self._on_headers(request.request_headers, stream)
                 if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \

@@ -40,22 +40,27 @@ GATEWAYS = {
 }
 
 
+def deployed(header: str | None, cache: bool):
+    """The router's config behind a gateway: the guard, the routes on `header`, the cache or not."""
+    def change(config):
+        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+        config["filters"] = ["prompt_guard", "model_policy", "semantic_route"]
+        config["filter_settings"] = {"prompt_guard": {"exemplars": [GUARDED], "threshold": 0.9}}
+        if cache:
+            config["cache"] = {"enabled": True}
+        config.setdefault("envoy", {})["route_header"] = header
+    return change
+
+
 @pytest.fixture(scope="module", params=list(GATEWAYS))
 def gateway(request, tmp_path_factory, envoy_binary):
     header, patch, keeps = GATEWAYS[request.param]
 
-    def deployed(config):
-        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
-        config["filters"] = ["prompt_guard", "model_policy", "semantic_route"]
-        config["filter_settings"] = {"prompt_guard": {"exemplars": [GUARDED], "threshold": 0.9}}
-        config["cache"] = {"enabled": True}
-        config.setdefault("envoy", {})["route_header"] = header
-
     def without_our_keeper(config):  # the gateway runs no filter of ours but the ext_proc
         config.pop("cache")
 
-    with stack_with(tmp_path_factory.mktemp(request.param), deployed, envoy_change=without_our_keeper,
-                    envoy_patch=patch()) as stack:
+    with stack_with(tmp_path_factory.mktemp(request.param), deployed(header, cache=True),
+                    envoy_change=without_our_keeper, envoy_patch=patch()) as stack:
         yield request.param, header, keeps, stack
 
 
@@ -163,14 +168,9 @@ def test_streamed_without_mode_overrides_is_a_counted_fallback_not_a_misroute(tm
     policy = manifest("envoy-gateway", "EnvoyExtensionPolicy")
     policy["spec"]["extProc"][0]["processingMode"]["allowModeOverride"] = False
 
-    def deployed(config):
-        config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
-        config["filters"] = ["prompt_guard", "model_policy", "semantic_route"]
-        config["filter_settings"] = {"prompt_guard": {"exemplars": [GUARDED], "threshold": 0.9}}
-        config.setdefault("envoy", {})["route_header"] = "x-gateway-model-name"
-
     patch = in_place_of_the_routers_filter(extension_policy_filter(policy, "Streamed"))
-    with stack_with(tmp_path_factory.mktemp("streamed-no-override"), deployed, envoy_patch=patch) as stack:
+    with stack_with(tmp_path_factory.mktemp("streamed-no-override"), deployed("x-gateway-model-name", cache=False),
+                    envoy_patch=patch) as stack:
         body = _body("Solve the equation 4x - 7 = 21 for x", pad=100_000)
         r = httpx.post(f"{stack.url}/v1/chat/completions", content=_paced(body, 16 * 1024, 0.01), timeout=30,
                        headers={"content-type": "application/json"})

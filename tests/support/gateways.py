@@ -21,10 +21,17 @@ def manifest(gateway: str, kind: str) -> dict:
     return next(o for o in kustomize(K8S / "gateways" / gateway) if o["kind"] == kind)
 
 
+def on_router_cluster(ext_proc: dict) -> dict:
+    """A copy of an ext_proc filter that reaches the stack's router (the manifests name the Service's)."""
+    ext_proc = copy.deepcopy(ext_proc)
+    ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = ROUTER_CLUSTER
+    return ext_proc
+
+
 def extension_policy_filter(policy: dict, body_mode: str | None = None) -> dict:
     """The ext_proc filter Envoy Gateway makes of the policy's first extProc (`body_mode`: another
     of its processingMode.request.body values), on the stack's router cluster."""
-    ext = copy.deepcopy(policy["spec"]["extProc"][0])
+    ext = policy["spec"]["extProc"][0]
     mode = ext.get("processingMode", {})
     body = _BODY_MODES[body_mode or mode.get("request", {}).get("body", "Buffered")]
     duplex = body == "FULL_DUPLEX_STREAMED"
@@ -47,9 +54,7 @@ def extension_policy_filter(policy: dict, body_mode: str | None = None) -> dict:
 def envoy_filter_inserted(envoy_filter: dict) -> dict:
     """The HTTP filter an Istio EnvoyFilter inserts, on the stack's router cluster."""
     (patch,) = envoy_filter["spec"]["configPatches"]
-    inserted = copy.deepcopy(patch["patch"]["value"])
-    inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = ROUTER_CLUSTER
-    return inserted
+    return on_router_cluster(patch["patch"]["value"])
 
 
 def patch_policy_parts(policy: dict) -> tuple[dict, dict]:
@@ -111,8 +116,7 @@ def ai_gateway_patch() -> Callable[[dict], None]:
     """The router's filter from the shipped EnvoyPatchPolicy, first, then AI Gateway's model
     extraction, on the stack's router cluster (the policy's cluster is checked by Envoy elsewhere);
     the routes match x-ai-eg-model for each model the AIGatewayRoute's rules name."""
-    inserted, _ = patch_policy_parts(manifest("ai-gateway", "EnvoyPatchPolicy"))
-    inserted["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = ROUTER_CLUSTER
+    inserted = on_router_cluster(patch_policy_parts(manifest("ai-gateway", "EnvoyPatchPolicy"))[0])
     ruled = {h["value"] for rule in manifest("ai-gateway", "AIGatewayRoute")["spec"]["rules"]
              for m in rule["matches"] for h in m["headers"] if h["name"] == AI_GATEWAY_MODEL}
     filters = in_place_of_the_routers_filter(inserted, AI_GATEWAY_MODEL_EXTRACTION)
