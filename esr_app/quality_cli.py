@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from esr_app.routing_build import static_encoder, static_tier, static_tier_on
 from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
+from router.classifier import RouteClassifier
+from router.static_tier import static_config
 from esr_settings import replace_at
 
 
@@ -79,11 +84,17 @@ def _semantic_cache_report(config: RouterConfig, classifier, encoder, data, embe
     return semantic_report(routes, data.texts, data.intents, vectors, set(config.cache.semantic))
 
 
-def _report(classifier, embeddings, data, config: RouterConfig) -> dict:
+def _report(classifier, embeddings, data, config: RouterConfig, static=None) -> dict:
+    """`static`: the cascade's first tier (router/static_tier.py), as the server runs it; None: off."""
     from esr_tuning.evaluation import decide_labelled, evaluate
 
-    decisions = decide_labelled(config, classifier, data.texts, embeddings)
-    return evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
+    decisions = decide_labelled(config, classifier, data.texts, embeddings, static)
+    report = evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
+    if static is not None:
+        alone = evaluate(data.labels, decide_labelled(config, classifier, data.texts, embeddings),
+                         list(config.route_names), config.default_route.name)
+        report["encoder_alone_accuracy"] = alone["accuracy"]
+    return report
 
 
 def _dialogues(config: RouterConfig, path: Path):
@@ -93,15 +104,18 @@ def _dialogues(config: RouterConfig, path: Path):
         return load_dialogues(path, config.route_names, config.requests.harness_tags)
 
 
-def _conversation_report(config: RouterConfig, classifier, dialogues, vectors) -> dict:
-    """Per user turn, routed with the turns before it, as the router routes it."""
+def _conversation_report(config: RouterConfig, classifier, dialogues, vectors, static=None) -> dict:
+    """Per user turn, routed with the turns before it, as the router routes it (`static`: as _report's)."""
     from esr_tuning.conversations import TurnTable, conversation_metrics, predict
     from esr_tuning.evaluation import evaluate
 
     table = TurnTable.of(dialogues)
-    decisions = predict(config, classifier, dialogues, vectors)
+    decisions = predict(config, classifier, dialogues, vectors, static)
     report = evaluate(table.labels, decisions, list(config.route_names), config.default_route.name)
     report["conversation"] = conversation_metrics(table, [d.route for d in decisions])
+    if static is not None:
+        alone = predict(config, classifier, dialogues, vectors)
+        report["encoder_alone_accuracy"] = round(float(np.mean([d.route for d in alone] == np.asarray(table.labels))), 4)
     return report
 
 
@@ -165,12 +179,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if _is_conversations(args.data):
         dialogues = _dialogues(config, args.data)
         encoder, classifier = offline(config)
-        report = _conversation_report(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)))
+        report = _conversation_report(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)),
+                                      static_tier(config))
     else:
         data = _labelled(config, args.data)
         encoder, classifier = offline(config)
         embeddings = encoder.encode(routed_texts_of(config, data.texts))
-        report = _report(classifier, embeddings, data, config)
+        report = _report(classifier, embeddings, data, config, static_tier(config))
         semantic = _semantic_cache_report(config, classifier, encoder, data, embeddings)
         if semantic is not None:
             report["cache"] = semantic
@@ -249,6 +264,23 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
     return 0
 
 
+def _fit_static_tier(result, classifier, embeddings, data, args):
+    """The cascade's first tier fitted to the fitted encoder's decisions (esr_tuning/static_fit.py).
+    -> the result with it in its config and notes, its head (None: a similarity config's), and the
+    tier as the server would run it."""
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.static_fit import fit_static_tier
+    from router.static_tier import StaticTier
+
+    encode = static_encoder(result.config)
+    fitted = fit_static_tier(result.config, classifier.choose(classifier.scores(embeddings)),
+                             encode(routed_texts_of(result.config, data.texts)), data.labels,
+                             data.intents if args.head else None, encode)
+    result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
+    tier = StaticTier(fitted.config, encode, RouteClassifier(static_config(fitted.config), encode, head=fitted.head))
+    return result, fitted.head, tier
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
 
     from router.classifier import RouteClassifier
@@ -259,6 +291,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     guard = _guard_data(config, args.data)
     if guard is not None:
         return cmd_fit_guard(args, config, guard)
+    static_head = None  # the cascade's first tier's head, fitted on {text, label} data
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
                    head_score=None if args.head_score == "auto" else args.head_score,
@@ -291,7 +324,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result = fit(config, encoder.encode, embeddings, data.labels, intents=data.intents if args.head else None,
                      **options)
         fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
-        after = _report(fitted_classifier, embeddings, data, result.config)
+        static = None
+        if static_tier_on(result.config):
+            result, static_head, static = _fit_static_tier(result, fitted_classifier, embeddings, data, args)
+        after = _report(fitted_classifier, embeddings, data, result.config, static)
         semantic = _semantic_cache_report(result.config, fitted_classifier, encoder, data, embeddings)
         if semantic is not None:
             # Each semantic route's threshold: the lowest that keeps its false hits in bounds here.
@@ -304,6 +340,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if result.head is not None:
         result.head.save(head_file)
         fitted = replace_at(fitted, "classifier.head_path", str(head_file.resolve()))
+    if static_head is not None:
+        static_file = args.out.with_suffix(".static-head.npz")
+        static_head.save(static_file)
+        fitted = replace_at(fitted, "static_tier.head_path", str(static_file.resolve()))
     write_config(fitted, args.out, leading_comments(args.config))
 
     for note in result.notes:

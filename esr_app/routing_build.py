@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from batching import DeadlineExceeded, Embedder, Overloaded
+from esr_app.embedding import runtime
 from esr_config import RouterConfig
 from esr_extproc.service import ServiceSettings, Serving
 from esr_model.torch_threads import on_own_thread
 from filters.chain import FilterChain
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
+from router.static_tier import StaticTier
 
 
 async def build_serving(config: RouterConfig, embedder: Embedder, current: RoutingEngine | None) -> Serving:
@@ -37,10 +40,43 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     # A head trained at load (no head_path) is seconds of torch work: off the event loop, on a
     # thread that then exits, so that only the model thread keeps a torch pool (torch_threads).
     classifier = await on_own_thread(RouteClassifier, config, encode)
+    static = await on_own_thread(static_tier, config, current.static.encode if current and current.static else None)
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
-                           utterances=lookup)
+                           utterances=lookup, static=static)
     return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings), service_settings(config))
+
+
+def static_tier_on(config: RouterConfig) -> bool:
+    """static_tier.enabled resolved: auto is on where the encoder runs in this router on the CPU."""
+    enabled = config.static_tier.enabled
+    if enabled != "auto":
+        return bool(enabled)
+    encoder = config.encoder
+    return encoder.socket is None and encoder.remote is None and runtime(config) == "onnx"
+
+
+def static_tier(config: RouterConfig, encode=None) -> StaticTier | None:
+    """The cascade's first tier for `config` (None where it is off), serving's and eval's alike;
+    `encode`: a static encoder already loaded for the same model (a reload's)."""
+    if not static_tier_on(config):
+        return None
+    return StaticTier(config, encode or static_encoder(config))
+
+
+def static_encoder(config: RouterConfig):
+    """The static embedding of `config`'s encoder model (StaticEncoder.encode), reading the tokens
+    the encoder reads."""
+    from esr_model.location import resolve_model
+    from esr_model.onnx_encoder import model_max_seq_length
+    from esr_model.static_embedding import StaticEncoder
+
+    model_dir = Path(resolve_model(config.encoder.model))
+    if not model_dir.is_dir():
+        raise ValueError(f"static_tier.enabled: {config.encoder.model!r} is not a local model directory "
+                         "to distil a static embedding from (set static_tier.enabled: false)")
+    limit = model_max_seq_length(model_dir)
+    return StaticEncoder(model_dir, min(config.encoder.max_seq_length or limit, limit), config.requests.truncate).encode
 
 
 def service_settings(config: RouterConfig) -> ServiceSettings:

@@ -7,8 +7,9 @@ SCORE = "x-semantic-route-score"
 REASON = "x-semantic-route-reason"
 CONFIDENCE = "x-semantic-route-confidence"  # the probability the route is right (router/calibration.py)
 TRUNCATED = "x-semantic-route-truncated"  # set when the routed text was longer than the encoder reads
+TIER = "x-semantic-route-tier"  # which cascade tier's model decided: static or encoder (router/static_tier.py)
 
-ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED)
+ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER)
 # Set by the rendered Envoy config's answer keeper (a Lua filter before the router, after Envoy has
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
@@ -17,7 +18,7 @@ CACHE_KEEPER = "x-semantic-cache-keeper"
 EPP_DESTINATION = "x-gateway-destination-endpoint"
 # The dynamic-metadata namespace the router names a kept answer's entry in, for that keeper.
 CACHE_NAMESPACE = "semantic_router.cache"
-SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED)  # copied onto responses by Envoy
+SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER)  # copied onto responses by Envoy
 
 # Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy
 # unless the config lists it in envoy.passthrough_paths.

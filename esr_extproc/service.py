@@ -27,7 +27,7 @@ from esr_extproc.config import ServerConfig
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.keeper import entry_token
-from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TRUNCATED
+from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TIER, TRUNCATED
 
 log = logging.getLogger(__name__)
 
@@ -447,6 +447,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             CONFIDENCE: f"{decision.confidence:.4f}",
             **serving.settings.server.standard_headers(decision.model),
         }
+        if decision.tier:
+            headers[TIER] = decision.tier
         new_body = None
         if ctx is not None:
             headers = {**self._safe_extra(ctx), **headers}

@@ -20,6 +20,7 @@ import torch  # first: an ImportError here says this install (torch-free) has no
 from esr_model import int8_kernels
 from esr_model.encoder import check_batches, forward_module, sentence_embeddings
 from esr_model.location import EXPORT_SOURCE, export_is_current, export_path, export_source
+from esr_model.static_embedding import ensure_static
 from esr_model.quantize import activation_ranges, calibration, quantize_per_token
 from esr_model.torch_threads import single_threaded
 
@@ -34,10 +35,14 @@ INT8_BATCH_COSINE = 0.9999
 
 
 def ensure_export(model_dir: str, force: bool = False) -> tuple[Path, bool]:
-    """The model's ONNX file, exported now if missing or made from other weights. -> (path, exported)"""
+    """The model's ONNX file, exported now if missing or made from other weights, and the static
+    embedding distilled from it (esr_model/static_embedding.py). -> (path, exported)"""
     if not force and export_is_current(model_dir):
+        ensure_static(model_dir)
         return export_path(model_dir), False
-    return export(model_dir), True
+    path = export(model_dir)
+    ensure_static(model_dir)
+    return path, True
 
 
 def export(model_dir: str) -> Path:

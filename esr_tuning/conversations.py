@@ -9,6 +9,7 @@ included, and the decision from router.conversation.deciding_turn, as RoutingEng
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.conversation import deciding_turn
 from router.rules import RequestFacts, Rules
+from router.static_tier import ENCODER, StaticTier
 from esr_tuning.calibration import conversation_examples
 from esr_tuning.fit import FitResult, fit, with_calibration
 from esr_tuning.jsonl import BadRecord, first_record, known_label, read_records
@@ -118,17 +120,18 @@ def _turn_scores(config: RouterConfig, classifier: RouteClassifier, dialogues: S
 
 
 def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
-            vectors: dict[str, np.ndarray]) -> list[Decision]:
+            vectors: dict[str, np.ndarray], static: StaticTier | None = None) -> list[Decision]:
     """The decision of every user turn (flattened as TurnTable), as the router makes it: rules
-    first, then the classifier on the turns its request is routed on."""
+    first, then the static tier where it stands (None: off), then the classifier on the turns
+    its request is routed on."""
     rules, gate = Rules(config), config.conversation.gate
     out = []
     for d in dialogues:
         facts = d.facts or [RequestFacts()] * len(d.turns)
         for texts, fact in zip(d.routed(config), facts):
-            decision = rules.decide(texts[-1], fact) if rules else None
-            out.append(decision or classifier.conversation_decision(
-                classifier.scores(np.stack([vectors[t] for t in texts])), gate))
+            decision = (rules.decide(texts[-1], fact) if rules else None) or (static.decide(texts) if static else None)
+            out.append(decision or dataclasses.replace(classifier.conversation_decision(
+                classifier.scores(np.stack([vectors[t] for t in texts])), gate), tier=ENCODER))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -12,6 +13,7 @@ from esr_extproc.request_body import request_facts, texts_to_route
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.rules import Rules
+from router.static_tier import ENCODER, STATIC, StaticTier
 from esr_tuning.calibration import reliability, share_weights
 from esr_tuning.jsonl import known_label, read_records
 
@@ -43,18 +45,19 @@ def routed_texts_of(config: RouterConfig, texts: Sequence[str]) -> list[str]:
 
 
 def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
-                    embeddings: np.ndarray) -> list[Decision]:
+                    embeddings: np.ndarray, static: StaticTier | None = None) -> list[Decision]:
     """Each text's decision as the router makes it for a request of that one user message: rules
-    first, then the classifier on its embedding (of routed_texts_of)."""
+    first, then the static tier where it stands (`static`: the cascade's first tier, None: off),
+    then the classifier on its embedding (of routed_texts_of)."""
     rules = Rules(config)
-    decisions = classifier.classify_many(embeddings)
-    if not rules:
+    decisions = [dataclasses.replace(d, tier=ENCODER) for d in classifier.classify_many(embeddings)]
+    if not rules and static is None:
         return decisions
     routed = routed_texts_of(config, texts)
     for i, text in enumerate(texts):
         ruled = rules.decide(routed[i], request_facts({"messages": [{"role": "user", "content": text}]},
-                                                      "/v1/chat/completions"))
-        decisions[i] = ruled or decisions[i]
+                                                      "/v1/chat/completions")) if rules else None
+        decisions[i] = ruled or (static.decide([routed[i]]) if static else None) or decisions[i]
     return decisions
 
 
@@ -103,7 +106,27 @@ def evaluate(labels: Sequence[str], decisions: Sequence[Decision], names: Sequen
         "confusion": confusion,
         "confidence": _confidence(decisions, y == p, in_scope, default_share),
         "reasons": {r: int(n) for r, n in zip(*np.unique([d.reason for d in decisions], return_counts=True))},
+        "tiers": _tiers(decisions, y == p, p, names),
     }
+
+
+def _tiers(decisions: Sequence[Decision], right: np.ndarray, predicted: np.ndarray, names: Sequence[str]) -> dict | None:
+    """Per cascade tier: the share of decisions it made, its accuracy and calibration on them, and
+    its share of each route's decisions; None where no tier decided (rules only)."""
+    tier = np.asarray([d.tier for d in decisions])
+    if not (tier != "").any():
+        return None
+    confidence = np.asarray([d.confidence for d in decisions])
+    out = {}
+    for name in (STATIC, ENCODER):
+        mine = tier == name
+        out[name] = {
+            "share": round(float(mine.mean()), 4),
+            "accuracy": round(float(right[mine].mean()), 4) if mine.any() else None,
+            "confidence": reliability(list(confidence[mine]), right[mine]) if mine.any() else None,
+            "route_share": {r: round(float(mine[predicted == r].mean()), 4) for r in names if (predicted == r).any()},
+        }
+    return out
 
 
 def _confidence(decisions: Sequence[Decision], right: np.ndarray, in_scope: np.ndarray, default_share: float) -> dict:
@@ -126,6 +149,12 @@ def format_report(report: dict, default: str) -> str:
         *([f"accuracy with {report['shifted']['default_share']:.0%} default-route traffic: "
            f"{report['shifted']['accuracy']:.4f}"] if report.get("shifted") else []),
         *_conversation_lines(report.get("conversation")),
+        *([f"encoder alone (static_tier off): accuracy {report['encoder_alone_accuracy']:.4f}"]
+          if report.get("encoder_alone_accuracy") is not None else []),
+        *([f"{name} tier: decides {t['share']:.1%}, accuracy {t['accuracy']}, ECE "
+           f"{t['confidence']['ece'] if t['confidence'] else '-'}; share by route "
+           + ", ".join(f"{r} {v:.0%}" for r, v in t["route_share"].items())
+           for name, t in (report.get("tiers") or {}).items()]),
         *([f"confidence: ECE {report['confidence']['ece']:.4f} (15 bins), AUROC right vs wrong "
            f"{report['confidence']['auroc']}, mean {report['confidence']['mean_confidence']}"
            + (f"; ECE with {report['confidence']['shifted']['default_share']:.0%} default-route traffic "

@@ -23,6 +23,8 @@ class Decision:
     # The probability that the route is right (router/calibration.py); 1.0 where nothing was
     # guessed (a pinned model, a keyword, a rule), the default route's prior on a fallback.
     confidence: float = 1.0
+    # Which tier's model decided (router/static_tier.py: static or encoder); "" where none did.
+    tier: str = ""
 
 
 class Scorer(Protocol):

@@ -18,7 +18,7 @@ from router.calibration import CalibrationConfig
 _TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
 
 __all__ = ["ClassifierConfig", "ConversationConfig", "DefaultRouteConfig", "RequestsConfig", "RouteConfig",
-           "RoutingConfig", "RuleCondition", "RuleConfig"]
+           "RoutingConfig", "RuleCondition", "RuleConfig", "StaticTierConfig"]
 
 
 # Members of a request body set_body may not write: the router's own (`model`) and what carries
@@ -150,6 +150,33 @@ class ClassifierConfig:
 
 
 @dataclass(frozen=True)
+class StaticTierConfig:
+    """The cascade's first tier (router/static_tier.py): a static embedding distilled from the encoder
+    decides the prompts it is sure of, the encoder the rest. Its values are on the classifier's scale."""
+
+    # auto: on where the encoder runs in this router on the CPU (on CUDA a batch costs the
+    # transformer little, and the tier's accuracy would buy nothing: docs/static-tier.md).
+    enabled: bool | Literal["auto"] = "auto"
+    head_path: str | None = None  # classifier.method head: the static tier's head (fit); None: trained on the utterances
+    # A route's threshold for the static scores (fit tunes them); a route not named: its own threshold.
+    thresholds: dict = field(default_factory=dict)
+    # How far the static tier's choice must lead the runner-up for it to stand, by the route chosen
+    # (the default route's name for a default decision); fit picks them so held-out decisions agree
+    # with the encoder's. A route not named: default_accept.
+    accept: dict = field(default_factory=dict)
+    default_accept: float = 0.3
+
+    def __post_init__(self):
+        require(self.enabled in (True, False, "auto"), "enabled", "must be true, false or auto")
+        for route, value in self.thresholds.items():
+            require(isinstance(value, (int, float)) and math.isfinite(value), f"thresholds.{route}", "must be a number")
+        for route, value in self.accept.items():  # .inf: the static tier never decides for the route
+            require(isinstance(value, (int, float)) and not math.isnan(value) and value >= 0, f"accept.{route}",
+                    "must be a number, at least 0 (.inf: never)")
+        require(self.default_accept >= 0, "default_accept", "must not be negative")
+
+
+@dataclass(frozen=True)
 class ConversationConfig:
     """How a request that carries a conversation is routed (router/conversation.py)."""
 
@@ -225,6 +252,7 @@ class RoutingConfig:
     min_confidence: float | None = None
     cache_size: int = 8192  # embeddings of recent texts (user turns, prompts), LRU; 0 turns the cache off
     requests: RequestsConfig = field(default_factory=RequestsConfig)  # how a request is read into what is routed on
+    static_tier: StaticTierConfig = field(default_factory=StaticTierConfig)  # the cascade's first tier
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
@@ -248,6 +276,10 @@ class RoutingConfig:
         require(in_range(self.default_threshold), "default_threshold", why)
         for i, route in enumerate(self.routes):
             require(route.threshold is None or in_range(route.threshold), f"routes[{i}].threshold", why)
+        for name in (*self.static_tier.thresholds, *self.static_tier.accept):
+            require(name in self.route_names, f"static_tier.{name}", f"{name!r} is not a route")
+        for name, value in self.static_tier.thresholds.items():
+            require(in_range(value), f"static_tier.thresholds.{name}", why)
         gate = self.conversation.gate
         require(gate is None or in_range(gate), "conversation.gate", why)
         require(self.cache_size >= 0, "cache_size", "must not be negative")

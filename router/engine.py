@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Awaitable, Callable, Sequence
 
@@ -14,6 +15,7 @@ from router.classifier import Decision, RouteClassifier
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import Rules
+from router.static_tier import ENCODER, StaticTier
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,13 @@ def _fallback_reason(exc: Exception) -> str:
 
 class RoutingEngine:
     def __init__(self, config: RoutingConfig, batcher: Embedder, classifier: RouteClassifier,
-                 cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None):
+                 cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None,
+                 static: StaticTier | None = None):
         """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
-        `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones."""
+        `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones;
+        `static`: the cascade's first tier (None: the encoder decides every request)."""
         self.config = config
+        self.static = static
         self.utterances = utterances or {}
         self.batcher = batcher
         self.classifier = classifier
@@ -87,6 +92,11 @@ class RoutingEngine:
         (it raises RoutingUnavailable as `embed` does). Earlier turns that cannot be embedded now
         are left out; without the last one, the request falls back."""
         metrics.CONVERSATION_TURNS.observe(len(turns))
+        if self.static is not None:
+            decided = self.static.decide(turns)
+            if decided is not None:
+                metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+                return decided
         last = embed_last() if embed_last else self.embed(turns[-1], deadline)
         found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
         if isinstance(found[-1], BaseException):
@@ -94,4 +104,6 @@ class RoutingEngine:
                 return self.default(found[-1].reason)
             raise found[-1]
         scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
-        return self.classifier.conversation_decision(scores, self.config.conversation.gate)
+        metrics.DECISIONS_BY_TIER.labels(ENCODER).inc()
+        return dataclasses.replace(self.classifier.conversation_decision(scores, self.config.conversation.gate),
+                                   tier=ENCODER)

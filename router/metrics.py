@@ -15,3 +15,8 @@ CONVERSATION_TURNS = Histogram(
     "semantic_router_conversation_turns", "User turns read per routed request (conversation.max_turns caps it).",
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
+DECISIONS_BY_TIER = Counter(
+    "semantic_router_decisions_by_tier_total",
+    "Requests a model routed, by the cascade tier that decided (static: the static embedding; encoder: the transformer).",
+    ["tier"],
+)

@@ -1,0 +1,143 @@
+"""A static embedding distilled from the serving encoder: one vector per vocabulary token, so a text
+embeds as the mean of its tokens' vectors, with no transformer (router/static_tier.py routes on it).
+
+How it is made (model2vec's method, measured on CLINC150 in docs/static-tier.md): every token runs
+through the encoder's ONNX export alone between [CLS] and [SEP]; the vectors are centred, reduced to
+`DIMENSIONS` by PCA, and scaled by a Zipf estimate of how rare the token is (frequent tokens say
+least; WordPiece vocabularies are roughly in frequency order). ONNX Runtime only: no torch, no data.
+Stored beside the export, with the digest of the weights it came from, so a fine-tuned model gets
+its own table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from esr_model.location import EXPORT_DIR, export_path, weights_digest
+from esr_model.truncation import Keep
+
+log = logging.getLogger(__name__)
+
+STATIC_FILE = "static.npz"
+STATIC_FORMAT = 1  # bumped when the method changes: an older table is made again
+DIMENSIONS = 256
+SIF_A = 1e-3  # weight a / (a + p) of a token of estimated probability p (Arora et al., ICLR 2017)
+_BATCH = 1024
+
+
+def static_path(model_dir: str | Path) -> Path:
+    return Path(model_dir) / EXPORT_DIR / STATIC_FILE
+
+
+def _source(model_dir: str | Path) -> str:
+    return json.dumps({"format": STATIC_FORMAT, "weights_sha256": weights_digest(model_dir)}, sort_keys=True)
+
+
+def is_current(model_dir: str | Path) -> bool:
+    path = static_path(model_dir)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return str(data["source"]) == _source(model_dir)
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def ensure_static(model_dir: str | Path) -> Path:
+    """The model's static table, distilled now from its ONNX export if missing or made from other
+    weights (about 10 s on two cores for a 30k vocabulary)."""
+    path = static_path(model_dir)
+    if is_current(model_dir):
+        return path
+    if not export_path(model_dir).is_file():
+        raise ValueError(f"{model_dir}: no ONNX export to distil a static embedding from (make models)")
+    started = time.monotonic()
+    table = distill(model_dir)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, table=table, source=np.asarray(_source(model_dir)))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("static embedding distilled", extra={"path": str(path), "tokens": table.shape[0],
+                                                   "dimensions": table.shape[1],
+                                                   "seconds": round(time.monotonic() - started, 1)})
+    return path
+
+
+def distill(model_dir: str | Path, dimensions: int = DIMENSIONS) -> np.ndarray:
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    cls, sep = _specials(tokenizer)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(export_path(model_dir)), opts, providers=["CPUExecutionProvider"])
+    vocab = tokenizer.get_vocab_size()
+    out = []
+    for start in range(0, vocab, _BATCH):
+        ids = np.arange(start, min(vocab, start + _BATCH), dtype=np.int64)
+        batch = np.stack([np.full_like(ids, cls), ids, np.full_like(ids, sep)], axis=1)
+        out.append(session.run(None, {"input_ids": batch, "attention_mask": np.ones_like(batch)})[0])
+    vectors = np.concatenate(out).astype(np.float64)
+    vectors -= vectors.mean(axis=0)
+    _, _, components = np.linalg.svd(vectors, full_matrices=False)
+    reduced = vectors @ components[: min(dimensions, components.shape[0])].T
+    rank = np.arange(1, vocab + 1)
+    probability = 1.0 / (rank * np.log(1.78 * vocab))  # Zipf's law over the vocabulary's order
+    return (reduced * (SIF_A / (SIF_A + probability))[:, None]).astype(np.float32)
+
+
+def _specials(tokenizer) -> tuple[int, int]:
+    ids = tokenizer.encode("").ids  # [CLS] [SEP] for BERT-style tokenizers
+    if len(ids) >= 2:
+        return ids[0], ids[-1]
+    return tokenizer.token_to_id("[CLS]") or 101, tokenizer.token_to_id("[SEP]") or 102
+
+
+class StaticEncoder:
+    """Embeds texts as the unit mean of their tokens' static vectors: tokenization and a gather,
+    microseconds a prompt, safe on the event loop for texts the request reader has already cut
+    (requests.prompt_max_tokens). Reads the same tokens of a long text as the encoder (`keep`)."""
+
+    def __init__(self, model_dir: str | Path, max_tokens: int = 256, keep: Keep = "head"):
+        from tokenizers import Tokenizer
+
+        with np.load(ensure_static(model_dir), allow_pickle=False) as data:
+            self.table = data["table"]
+        self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.max_tokens = max_tokens - 2  # the encoder's window less [CLS] and [SEP]
+        self.keep = keep
+        self.dimension = self.table.shape[1]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for i, encoding in enumerate(self.tokenizer.encode_batch(list(texts), add_special_tokens=False)):
+            ids = self._cut(encoding.ids)
+            if ids:
+                out[i] = self.table[ids].mean(axis=0)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(norms == 0, 1.0, norms)
+
+    def _cut(self, ids: list[int]) -> list[int]:
+        n = self.max_tokens
+        if len(ids) <= n:
+            return ids
+        if self.keep == "head":
+            return ids[:n]
+        if self.keep == "tail":
+            return ids[-n:]
+        return ids[: n // 2] + ids[len(ids) - (n - n // 2):]
