@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test-duplex test-streamed run test check models bench-runtime tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
+.PHONY: test-duplex test-streamed run test check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -113,6 +113,12 @@ bench-runtime: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.runtime_bench --out build/bench-runtime.json $(BENCH_ARGS)
+
+# The cascade (static tier first) against the encoder alone on the fitted CLINC150 recipe (make clinc150).
+bench-cascade: $(STAMP) $(MODELS)
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	@test -f build/clinc150.fitted.yaml || $(MAKE) clinc150
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.cascade_bench --out build/bench-cascade.json $(BENCH_ARGS)
 
 # The front end through Envoy: CPU per request, workers 1 / 2 / 4 fed by a stub model process (wrk).
 bench-frontend: $(STAMP) $(MODELS)

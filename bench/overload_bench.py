@@ -68,7 +68,7 @@ end
 
 def direct_response_bootstrap(router_port: int, listener: int, admin: int, router_config: Path = ROOT / "router.yaml") -> dict:
     """The rendered gateway for `router_config`, each route answering 200 itself."""
-    ports = StackPorts.free()
+    ports = StackPorts.free(router_config)
     ports.router_grpc, ports.listener, ports.admin = router_port, listener, admin
     boot = render(on_stack_ports(load_config(router_config), ports))
     vhost = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]

@@ -125,8 +125,8 @@ class StaticEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for i, encoding in enumerate(self.tokenizer.encode_batch(list(texts), add_special_tokens=False)):
-            ids = self._cut(encoding.ids)
+        for i, text in enumerate(texts):  # one at a time: encode_batch's thread pool costs more than it saves here
+            ids = self._cut(self.tokenizer.encode(text, add_special_tokens=False).ids)
             if ids:
                 out[i] = self.table[ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
