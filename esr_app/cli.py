@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--guard-fpr", type=float, default=0.01, metavar="RATE",
                     help="guard data: the threshold lets at most this share of allowed requests be blocked (default 0.01)")
     ft.add_argument("--shared-threshold", action="store_true", help="one threshold for all routes (less overfitting)")
+    ft.add_argument("--static-only", action="store_true",
+                    help="fit only the cascade's static tier (static_tier) to the config's encoder decisions; a "
+                    "similarity config takes any {text} lines, labelled or not, as traffic")
     ft.set_defaults(func=cmd_fit)
 
     ec = sub.add_parser("envoy-config", help="render the Envoy bootstrap for this router config")

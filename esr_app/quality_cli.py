@@ -264,21 +264,62 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
     return 0
 
 
-def _fit_static_tier(result, classifier, embeddings, data, args):
+def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], labels, intents):
     """The cascade's first tier fitted to the fitted encoder's decisions (esr_tuning/static_fit.py).
     -> the result with it in its config and notes, its head (None: a similarity config's), and the
     tier as the server would run it."""
     from esr_tuning.evaluation import routed_texts_of
-    from esr_tuning.static_fit import fit_static_tier
+    from esr_tuning.static_fit import fit_head_tier, fit_similarity_tier
     from router.static_tier import StaticTier
 
     encode = static_encoder(result.config)
-    fitted = fit_static_tier(result.config, classifier.choose(classifier.scores(embeddings)),
-                             encode(routed_texts_of(result.config, data.texts)), data.labels,
-                             data.intents if args.head else None, encode)
+    routed = routed_texts_of(result.config, texts)
+    if result.config.classifier.method == "head":
+        fitted = fit_head_tier(result.config, classifier, embeddings, encode(routed), labels, intents, encode)
+    else:
+        known = dict(zip(routed, embeddings))
+
+        def embed(batch: list[str]) -> np.ndarray:  # the utterances as well as the data, each once
+            missing = [t for t in dict.fromkeys(batch) if t not in known]
+            if missing:
+                known.update(zip(missing, encoder.encode(missing)))
+            return np.stack([known[t] for t in batch])
+
+        fitted = fit_similarity_tier(result.config, embed, encode, routed)
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
     tier = StaticTier(fitted.config, encode, RouteClassifier(static_config(fitted.config), encode, head=fitted.head))
     return result, fitted.head, tier
+
+
+def _fit_static_only(args: argparse.Namespace, config: RouterConfig) -> int:
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.fit import FitResult
+    from esr_tuning.jsonl import read_records
+
+    if not static_tier_on(config):
+        print("--static-only: static_tier.enabled is off for this config", file=sys.stderr)
+        return 2
+    if config.classifier.method == "head":
+        data = _labelled(config, args.data)
+        texts, labels, intents = data.texts, data.labels, data.intents
+    else:
+        with _data_errors(OSError, ValueError):
+            texts = read_records(args.data, lambda r: str(r["text"]), '{"text": ...}', "texts")
+        labels = intents = None
+    encoder, classifier = offline(config)
+    embeddings = encoder.encode(routed_texts_of(config, texts))
+    result, head, _ = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts, labels,
+                                       intents)
+    fitted = result.config
+    if head is not None:
+        static_file = args.out.with_suffix(".static-head.npz")
+        head.save(static_file)
+        fitted = replace_at(fitted, "static_tier.head_path", str(static_file.resolve()))
+    write_config(fitted, args.out, leading_comments(args.config))
+    for note in result.notes:
+        print(note)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -292,6 +333,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if guard is not None:
         return cmd_fit_guard(args, config, guard)
     static_head = None  # the cascade's first tier's head, fitted on {text, label} data
+    if args.static_only:
+        return _fit_static_only(args, config)
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
                    head_score=None if args.head_score == "auto" else args.head_score,
@@ -326,7 +369,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
         static = None
         if static_tier_on(result.config):
-            result, static_head, static = _fit_static_tier(result, fitted_classifier, embeddings, data, args)
+            result, static_head, static = _fit_static_tier(result, fitted_classifier, encoder, embeddings, data.texts,
+                                                           data.labels, data.intents if args.head else None)
         after = _report(fitted_classifier, embeddings, data, result.config, static)
         semantic = _semantic_cache_report(result.config, fitted_classifier, encoder, data, embeddings)
         if semantic is not None:

@@ -4,6 +4,7 @@ service's settings, reusing what the serving engine already embedded."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Sequence
@@ -57,9 +58,10 @@ def static_tier_on(config: RouterConfig) -> bool:
 
 
 def static_tier(config: RouterConfig, encode=None) -> StaticTier | None:
-    """The cascade's first tier for `config` (None where it is off), serving's and eval's alike;
-    `encode`: a static encoder already loaded for the same model (a reload's)."""
-    if not static_tier_on(config):
+    """The cascade's first tier for `config` (None where it is off, or fitted for no route: then
+    it would only spend time), serving's and eval's alike; `encode`: a static encoder already
+    loaded for the same model (a reload's)."""
+    if not static_tier_on(config) or not any(math.isfinite(v) for v in config.static_tier.accept.values()):
         return None
     return StaticTier(config, encode or static_encoder(config))
 

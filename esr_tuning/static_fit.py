@@ -1,7 +1,8 @@
-"""Fits the cascade's first tier (router/static_tier.py) to a config the encoder already routes
-well: the static tier's head on the encoder head's training split, its thresholds and, per route,
-the margin at which its decision stands, chosen so that on held-out examples the decisions it keeps
-agree with the encoder's (so the cascade's accuracy stays within `max_disagreement` of the encoder's).
+"""Fits the cascade's first tier (router/static_tier.py) to a config the encoder already routes:
+its head (a head config's) on the encoder head's training split, then its thresholds and, per route,
+the margin at which its decision stands, chosen on held-out examples so that the decisions it keeps
+agree with the encoder's (so the cascade's accuracy stays within about `max_disagreement` of the
+encoder's). A similarity config's utterances are held out a fold at a time.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from esr_tuning.fit import _train_head, tune_thresholds
 # At most this share of the decisions the static tier keeps for a route may differ from the encoder's.
 MAX_DISAGREEMENT = 0.004
 # A margin stands only on this many held-out decisions at or above it: fewer say nothing.
-MIN_SUPPORT = 30
+MIN_SUPPORT = 20
 NEVER = math.inf  # a route's accept margin when no margin was safe: the encoder decides all of its prompts
+FOLDS = 5
 
 
 @dataclass
@@ -32,41 +34,71 @@ class StaticFit:
     notes: list[str]
 
 
-def fit_static_tier(config: RouterConfig, encoder_choices: np.ndarray, static_vectors: np.ndarray,
-                    labels: list[str], intents: list[str] | None, static_encode, holdout: float = 0.2,
-                    seed: int = 0, max_disagreement: float = MAX_DISAGREEMENT) -> StaticFit:
-    """`encoder_choices`: the fitted encoder's choice per example (RouteClassifier.choose);
-    `static_vectors`: the examples' static embeddings. A head config gets a static head trained on
-    the encoder head's split (fit's), the rest held out; a similarity config holds out every example."""
-    base = dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, thresholds={}, accept={},
-                                                                       head_path=None))
-    head, held = None, np.arange(len(labels))
-    if config.classifier.method == "head":
-        head, _, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
+def cleared(config: RouterConfig) -> RouterConfig:
+    """`config` with no static tier fitted yet."""
+    return dataclasses.replace(config, static_tier=dataclasses.replace(
+        config.static_tier, thresholds={}, accept={}, head_path=None))
+
+
+def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, static_vectors: np.ndarray,
+                  labels: list[str], intents: list[str] | None, static_encode, holdout: float = 0.2,
+                  seed: int = 0) -> StaticFit:
+    """A head config's tier: a static head trained on fit's split (`_train_head`), its margins set
+    on the held-out rest against `encoder`'s choices, then the head retrained on every example."""
+    base = cleared(config)
+    head, _, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
     classifier = RouteClassifier(static_config(base), static_encode, head=head)
-    scores = classifier.scores(static_vectors[held])
-    agree_with = encoder_choices[held]
+    fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
+                                encoder.choose(encoder.scores(embeddings[held])))
+    head, _, _ = _train_head(base, static_vectors, labels, intents, 0.0, seed)
+    return StaticFit(fitted, head, notes)
+
+
+def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list[str]) -> StaticFit:
+    """A similarity config's tier: each fold of the utterances scored by both tiers built on the
+    other folds, and `texts` (traffic of any label, unlabelled will do) by both on all of them."""
+    base = cleared(config)
+    static_scores, choices = [], []
+
+    def score(cfg: RouterConfig, batch: list[str]) -> None:
+        if batch:
+            encoder = RouteClassifier(cfg, encode)
+            static_scores.append(RouteClassifier(static_config(cfg), static_encode).scores(static_encode(batch)))
+            choices.append(encoder.choose(encoder.scores(encode(batch))))
+
+    for fold in range(FOLDS):
+        routes = tuple(dataclasses.replace(r, utterances=tuple(u for i, u in enumerate(r.utterances) if i % FOLDS != fold))
+                       for r in base.routes)
+        if all(r.utterances for r in routes if any(o.utterances for o in base.routes if o.name == r.name)):
+            score(dataclasses.replace(base, routes=routes),
+                  [u for r in base.routes for i, u in enumerate(r.utterances) if i % FOLDS == fold])
+    score(base, list(texts))
+    fitted, notes = fit_margins(base, RouteClassifier(static_config(base), static_encode),
+                                np.concatenate(static_scores), np.concatenate(choices))
+    return StaticFit(fitted, None, notes)
+
+
+def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray, agree_with: np.ndarray,
+                max_disagreement: float = MAX_DISAGREEMENT) -> tuple[RouterConfig, list[str]]:
+    """The tier's thresholds (on `scores`, the static tier's, to choose as the encoder chose:
+    `agree_with`), then each route's accept margin (_accept_level)."""
     thresholds = tune_thresholds(classifier, scores, agree_with, objective="accuracy")
     names = [r.name for r in config.routes]
-    tuned = dataclasses.replace(base, static_tier=dataclasses.replace(
-        base.static_tier, thresholds={n: round(float(t), 4) for n, t in zip(names, thresholds)}))
-    classifier = RouteClassifier(static_config(tuned), static_encode, head=head)
-    choices = classifier.choose(scores)
-    lead = margins(classifier, scores, choices)
-    accept, notes, kept = {}, [], np.zeros(len(choices), dtype=bool)
-    for index, name in [(i, n) for i, n in enumerate(names)] + [(-1, config.default_route.name)]:
+    tuned = dataclasses.replace(config, static_tier=dataclasses.replace(
+        config.static_tier, thresholds={n: round(float(t), 4) for n, t in zip(names, thresholds)}))
+    choices = classifier.choose(scores, thresholds)
+    lead = margins(classifier, scores, choices, thresholds)
+    accept, kept = {}, np.zeros(len(choices), dtype=bool)
+    for index, name in enumerate(names):  # the default route is the encoder's (router/static_tier.py)
         mine = np.flatnonzero(choices == index)
         level = _accept_level(lead[mine], choices[mine] == agree_with[mine], max_disagreement)
         accept[name] = math.ceil(level * 1e4) / 1e4 if math.isfinite(level) else NEVER
         kept[mine[lead[mine] >= level]] = True
     share = float(kept.mean()) if len(kept) else 0.0
     differ = float((kept & (choices != agree_with)).mean()) if len(kept) else 0.0
-    notes.append(f"static tier: decides {share:.1%} of {len(held)} held-out examples, differing from the encoder "
-                 f"on {differ:.2%} of them all (margins per route: {_shown(accept)})")
-    fitted = dataclasses.replace(tuned, static_tier=dataclasses.replace(tuned.static_tier, accept=accept))
-    if head is not None:  # margins are set: the head may now learn from every in-scope example
-        head, _, _ = _train_head(base, static_vectors, labels, intents, 0.0, seed)
-    return StaticFit(fitted, head, notes)
+    notes = [f"static tier: decides {share:.1%} of {len(scores)} held-out examples, differing from the encoder "
+             f"on {differ:.2%} of them all (margins per route: {_shown(accept)})"]
+    return dataclasses.replace(tuned, static_tier=dataclasses.replace(tuned.static_tier, accept=accept)), notes
 
 
 def _accept_level(lead: np.ndarray, agrees: np.ndarray, max_disagreement: float) -> float:

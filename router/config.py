@@ -161,10 +161,10 @@ class StaticTierConfig:
     # A route's threshold for the static scores (fit tunes them); a route not named: its own threshold.
     thresholds: dict = field(default_factory=dict)
     # How far the static tier's choice must lead the runner-up for it to stand, by the route chosen
-    # (the default route's name for a default decision); fit picks them so held-out decisions agree
-    # with the encoder's. A route not named: default_accept.
+    # (the default route is always the encoder's to decide); fit picks them so held-out decisions
+    # agree with the encoder's. A route not named: the encoder decides its prompts (a margin that
+    # was never measured against the encoder is no margin to trust).
     accept: dict = field(default_factory=dict)
-    default_accept: float = 0.3
 
     def __post_init__(self):
         require(self.enabled in (True, False, "auto"), "enabled", "must be true, false or auto")
@@ -173,7 +173,6 @@ class StaticTierConfig:
         for route, value in self.accept.items():  # .inf: the static tier never decides for the route
             require(isinstance(value, (int, float)) and not math.isnan(value) and value >= 0, f"accept.{route}",
                     "must be a number, at least 0 (.inf: never)")
-        require(self.default_accept >= 0, "default_accept", "must not be negative")
 
 
 @dataclass(frozen=True)
@@ -276,8 +275,11 @@ class RoutingConfig:
         require(in_range(self.default_threshold), "default_threshold", why)
         for i, route in enumerate(self.routes):
             require(route.threshold is None or in_range(route.threshold), f"routes[{i}].threshold", why)
-        for name in (*self.static_tier.thresholds, *self.static_tier.accept):
-            require(name in self.route_names, f"static_tier.{name}", f"{name!r} is not a route")
+        routes = {r.name for r in self.routes}
+        for key, table in (("thresholds", self.static_tier.thresholds), ("accept", self.static_tier.accept)):
+            for name in table:
+                require(name in routes, f"static_tier.{key}.{name}", f"{name!r} is not a route (the default "
+                        "route is the encoder's to decide)" if name == self.default_route.name else f"{name!r} is not a route")
         for name, value in self.static_tier.thresholds.items():
             require(in_range(value), f"static_tier.thresholds.{name}", why)
         gate = self.conversation.gate

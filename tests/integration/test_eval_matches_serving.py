@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from esr_app.quality_cli import offline, text_vectors
+from esr_app.routing_build import static_tier
 from devstack.stack import stack_with
 from esr_config import load_config
 from esr_tuning.conversations import Dialogue, load_dialogues, predict, routed_texts
@@ -55,6 +56,10 @@ SETTINGS = {
                                "calibration": {"matched": [-3.0, 9.0, 6.0, 0.0], "context": [-2.0, 5.0, 3.0, 0.0],
                                                "default": [0.4], "fallback": 0.1}},
                               {"rules": []}),
+    # The cascade: the static tier decides the turns it leads by these margins (set by hand here;
+    # fit measures them), the encoder the rest, each decision saying which tier made it.
+    "cascade": ({"static_tier": {"enabled": True, "accept": {"math": 0.12, "code": 0.12}}},
+                {"static_tier": {"enabled": False}}),
 }
 
 
@@ -95,21 +100,25 @@ def test_every_turn_is_routed_by_the_server_as_eval_scores_it(tmp_path, envoy_bi
                     answer = client.post("/v1/chat/completions", json=body)
                     assert answer.status_code == 200, answer.text
                     assert answer.headers["x-semantic-route-reason"] in ("matched", "context", "default", "keyword", "rule")
-                    served.append(tuple(answer.headers[h] for h in SHOWN))
+                    served.append(tuple(answer.headers.get(h, "") for h in SHOWN))
         config = load_config(tmp_path / "router.yaml")
     encoder, classifier = offline(config)
-    scored = predict(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)))
+    scored = predict(config, classifier, dialogues, text_vectors(encoder, routed_texts(config, dialogues)),
+                     static_tier(config))
     assert [_shown(d) for d in scored] == served
-    assert len({route for route, _, _ in served}) > 1
+    assert len({route for route, *_ in served}) > 1
     (tmp_path / "neighbour.yaml").write_text(yaml.safe_dump(edited(yaml.safe_load((tmp_path / "router.yaml").read_text()), neighbour)))
     other = load_config(tmp_path / "neighbour.yaml")
-    assert [_shown(d) for d in predict(other, classifier, dialogues,
-                                       text_vectors(encoder, routed_texts(other, dialogues)))] != served
+    assert [_shown(d) for d in predict(other, classifier, dialogues, text_vectors(encoder, routed_texts(other, dialogues)),
+                                       static_tier(other))] != served
+    if setting == "cascade":
+        assert {"static", "encoder"} <= {tier for *_, tier in served}
 
 
-SHOWN = ("x-semantic-route", "x-semantic-route-reason", "x-semantic-route-confidence")
+SHOWN = ("x-semantic-route", "x-semantic-route-reason", "x-semantic-route-confidence", "x-semantic-route-tier")
 
 
-def _shown(decision) -> tuple[str, str, str]:
+def _shown(decision) -> tuple[str, str, str, str]:
     """What the served answer's headers say of a decision."""
-    return decision.route, decision.reason, f"{decision.confidence:.4f}"
+    return decision.route, decision.reason, f"{decision.confidence:.4f}", decision.tier
+

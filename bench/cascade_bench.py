@@ -1,0 +1,128 @@
+"""The cascade (router/static_tier.py) against the encoder alone, each in a real router process (cache
+off, the default 500 ms deadline) on the same fitted config, behind its own Envoy whose routes
+answer directly, driven by `wrk` with held-out prompts (CLINC150 val, made unique per request);
+trials interleaved, so both see the same machine.
+
+    python -m bench.cascade_bench [--config build/clinc150.fitted.yaml] [--trials 3] [--seconds 8] [--out r.json]
+
+Per variant and trial: c1 (latency), c64 (throughput) and the router's CPU per routed request at
+c64 (user + system of its process tree, from /proc). Checks the issue's targets: routed req/s at
+c64 >= 2.5x, CPU per routed request <= 0.4x, c1 p50 <= 0.5x, each best trial against best trial.
+Needs wrk, envoy and a fitted config (make clinc150).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from bench.ext_proc_bench import launch_router
+from bench.frontend_bench import tree_cpu
+from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.report import emit
+from devstack.stack import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {"cascade": True, "encoder_only": False}  # static_tier.enabled
+ROUTED = ("matched", "default", "low_confidence")
+COLUMNS = ("variant", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request",
+           "static_share", "fallback_timeout_share")
+_PROMPT_LINE = "  local p = string.format(prompts[(counter % #prompts) + 1], counter)"
+
+
+def wrk_script(texts: list[str]) -> str:
+    """WRK_SCRIPT on `texts`: each request one of them as written (a suffix would be routed on too,
+    and no held-out prompt carries one), the body unique across threads and runs by its `user`
+    member; answers tallied by reason and by tier. Both caches are off, so a text met again costs
+    what it cost the first time."""
+    # JSON-escaped (they go into the body as they are), in Lua long brackets (no Lua escapes).
+    table = "local prompts = {" + ", ".join(f"[==[{json.dumps(t)[1:-1]}]==]" for t in texts) + "}\n"
+    script = WRK_SCRIPT.split("local counter", 1)[1]
+    script = table + "local counter" + script.replace(
+        _PROMPT_LINE, "  local p = prompts[(counter % #prompts) + 1]").replace(
+        ' .. " #" .. tid .. "-" .. counter', "").replace(
+        """'{"model":"auto","messages":""", """'{"model":"auto","user":"' .. tid .. '-' .. counter .. '","messages":""")
+    # Tiers tallied as reasons of their own: "tier_static", "tier_encoder".
+    return script.replace('  reasons[r] = (reasons[r] or 0) + 1',
+                          '  reasons[r] = (reasons[r] or 0) + 1\n'
+                          '  local t = headers["x-semantic-route-tier"]\n'
+                          '  if t then reasons["tier_" .. t] = (reasons["tier_" .. t] or 0) + 1 end')
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.cascade_bench")
+    p.add_argument("--config", type=Path, default=ROOT / "build/clinc150.fitted.yaml")
+    p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/clinc150/val.jsonl")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--out")
+    args = p.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("the cascade benchmark needs wrk: apt-get install wrk")
+    if not args.config.is_file():
+        raise SystemExit(f"{args.config}: no fitted config (make clinc150)")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-cascade-"))
+    texts = [json.loads(line)["text"] for line in args.data.read_text().splitlines() if line.strip()]
+    script = workdir / "prompts.lua"
+    script.write_text(wrk_script(texts))
+    base = yaml.safe_load(args.config.read_text())
+    base["cache_size"] = 0  # every request reaches a tier: the cost measured is routing's
+    base.setdefault("server", {})["deadline_ms"] = 500
+    stacks = {}
+    try:
+        for name, enabled in VARIANTS.items():
+            config = {**base, "static_tier": {**base.get("static_tier", {}), "enabled": enabled}}
+            # Beside the fitted config: its head and model paths are relative to its directory.
+            path = args.config.parent / f"bench-cascade-{name}.yaml"
+            proc, port = launch_router(path, config)
+            stacks[name] = (proc, None, None)
+            listener = free_port()
+            envoy = start_direct_envoy(workdir / f"envoy-{name}.yaml", port, listener, free_port(),
+                                       router_config=path)
+            stacks[name] = (proc, envoy, listener)
+            run_wrk(listener, 16, 2, script, good=ROUTED)  # warm-up
+        rows = []
+        for trial in range(args.trials):
+            for name in VARIANTS if trial % 2 == 0 else reversed(list(VARIANTS)):
+                proc, _, listener = stacks[name]
+                for c in (1, 64):
+                    before = tree_cpu(proc.pid)
+                    row = run_wrk(listener, c, args.seconds, script, good=ROUTED)
+                    spent = tree_cpu(proc.pid) - before
+                    routed = row["goodput_rps"] * args.seconds
+                    tiers = {k: v for k, v in row["reasons"].items() if k.startswith("tier_")}
+                    rows.append({"variant": name, "trial": trial, **row,
+                                 "cpu_ms_per_request": round(1000 * spent / routed, 3) if routed else None,
+                                 "static_share": round(tiers.get("tier_static", 0) / sum(tiers.values()), 4)
+                                 if tiers else None})
+    finally:
+        for proc, envoy, _ in stacks.values():
+            for q in (envoy, proc):
+                if q is not None:
+                    q.terminate()
+                    q.wait(30)
+
+    def best(variant: str, scenario: str, key: str, low: bool = False):
+        vals = [r[key] for r in rows if r["variant"] == variant and r["scenario"] == scenario and r.get(key) is not None]
+        return (min if low else max)(vals) if vals else None
+
+    checks = {}
+    for label, scenario, key, target, low in (
+            ("routed req/s at c64 through Envoy, cascade / encoder only (target >= 2.5)", "envoy_c64", "goodput_rps", 2.5, False),
+            ("router CPU per routed request at c64, cascade / encoder only (target <= 0.4)", "envoy_c64", "cpu_ms_per_request", 0.4, True),
+            ("c1 p50 latency through Envoy, cascade / encoder only (target <= 0.5)", "envoy_c1", "p50_ms", 0.5, True)):
+        new, old = best("cascade", scenario, key, low), best("encoder_only", scenario, key, low)
+        ratio = new / old if new and old else float("nan")
+        checks[label] = {"ok": ratio <= target if low else ratio >= target, "detail": f"{new} vs {old}: {ratio:.2f}x"}
+    emit({"benchmark": "cascade", "config": str(args.config), "cpu_count": os.cpu_count(), "rows": rows,
+          "checks": checks}, args.out, columns=COLUMNS)
+
+
+if __name__ == "__main__":
+    main()
