@@ -92,7 +92,7 @@ def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.nd
     for index, name in enumerate(names):  # the default route is the encoder's (router/static_tier.py)
         mine = np.flatnonzero(choices == index)
         level = _accept_level(lead[mine], choices[mine] == agree_with[mine], max_disagreement)
-        accept[name] = math.ceil(level * 1e4) / 1e4 if math.isfinite(level) else NEVER
+        accept[name] = max(0.0, math.ceil(level * 1e4) / 1e4) if math.isfinite(level) else NEVER
         kept[mine[lead[mine] >= level]] = True
     share = float(kept.mean()) if len(kept) else 0.0
     differ = float((kept & (choices != agree_with)).mean()) if len(kept) else 0.0

@@ -1,0 +1,131 @@
+"""The cascade's first tier: the static embedding distilled from the bundled model's export, the
+tier's decision rule (a fitted margin per route, never the default route), the engine asking the
+batcher only for what the tier leaves, the config's checks, and the margins fit picks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from esr_config import ConfigError
+from esr_app.routing_build import static_encoder, static_tier
+from esr_model.location import resolve_model
+from esr_model.static_embedding import DIMENSIONS, is_current, static_path
+from esr_tuning.static_fit import _accept_level
+from router.classifier import RouteClassifier
+from router.engine import RoutingEngine
+from router.static_tier import StaticTier, margins
+from tests.support.fakes import config, encode
+
+
+@pytest.fixture(scope="module")
+def bundled_encode():
+    return static_encoder(config(static_tier={"enabled": True}))
+
+
+def test_the_bundled_model_has_a_current_static_table_that_embeds_text(bundled_encode):
+    model_dir = resolve_model("bundled:all-MiniLM-L6-v2")
+    assert is_current(model_dir) and static_path(model_dir).is_file()
+    v = bundled_encode(["what is 17 times 23", "write a python function that sorts a list", ""])
+    assert v.shape == (3, DIMENSIONS)
+    assert np.allclose(np.linalg.norm(v[:2], axis=1), 1.0, atol=1e-5)
+    assert not v[2].any()  # no tokens: no vector, and no error
+    same = bundled_encode(["what is 17 times 23"])
+    assert np.array_equal(same[0], v[0])
+    # Related prompts sit closer than unrelated ones.
+    near = bundled_encode(["what is 18 times 24"])[0]
+    assert float(near @ v[0]) > float(v[1] @ v[0]) + 0.2
+
+
+def test_a_long_text_is_cut_to_the_encoder_window_keeping_the_part_asked_for():
+    head = static_encoder(config(static_tier={"enabled": True}, requests={"truncate": "head"}))
+    tail = static_encoder(config(static_tier={"enabled": True}, requests={"truncate": "tail"}))
+    start, end = "solve the quadratic equation x^2 - 5x + 6 = 0 " * 30, "write a bash script that renames files " * 30
+    text = start + end
+    assert float(head([text])[0] @ head([start])[0]) > 0.99
+    assert float(tail([text])[0] @ tail([end])[0]) > 0.99
+
+
+def tier_of(**static) -> StaticTier:
+    return StaticTier(config(static_tier={"enabled": True, **static}), encode)
+
+
+def test_the_tier_decides_a_route_it_leads_by_its_margin_and_nothing_else():
+    tier = tier_of(accept={"math": 0.5, "code": 0.5})
+    decided = tier.decide(["m1"])  # math 1.0 against code ~0.2
+    assert decided is not None and (decided.route, decided.tier, decided.reason) == ("math", "static", "matched")
+    assert tier.decide(["m3"]) is None  # m3 is math's, though hardly further from code's c1: the encoder decides
+    assert tier.decide(["g1"]) is None  # the default route: always the encoder's
+    assert tier_of(accept={"code": 0.5}).decide(["m1"]) is None  # a route with no fitted margin: never
+
+
+def test_a_conversation_is_decided_by_its_deciding_turn_as_the_encoder_would():
+    tier = tier_of(accept={"math": 0.5, "code": 0.5})
+    decided = tier.decide(["m1", "g1"])  # the follow-up names nothing: the earlier math turn decides
+    assert decided is not None and (decided.route, decided.reason) == ("math", "context")
+
+
+def test_margins_lead_over_the_runner_up_and_below_thresholds_for_the_default_route():
+    classifier = RouteClassifier(config(), encode)
+    scores = np.asarray([[0.9, 0.3], [0.5, 0.45], [0.2, 0.1]], dtype=np.float32)
+    choices = classifier.choose(scores)
+    assert list(choices) == [0, -1, -1]  # default_threshold 0.8
+    assert np.allclose(margins(classifier, scores, choices), [0.6, 0.3, 0.6])
+
+
+class Recording:
+    """The batcher's part, recorded: which texts the engine asked it to embed."""
+
+    def __init__(self):
+        self.asked: list[str] = []
+
+    async def embed(self, text, deadline):
+        self.asked.append(text)
+        return encode([text])[0]
+
+
+def test_the_engine_asks_the_batcher_only_for_what_the_tier_leaves():
+    cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}})
+    batcher = Recording()
+    engine = RoutingEngine(cfg, batcher, RouteClassifier(cfg, encode), static=StaticTier(cfg, encode))
+
+    async def run():
+        return [await engine.decide([t], deadline=float("inf")) for t in ("m1", "m2", "m3")]
+
+    decisions = asyncio.run(run())  # m3 is math's, though hardly further from code's c1
+    assert [(d.route, d.tier) for d in decisions] == [("math", "static"), ("math", "static"), ("math", "encoder")]
+    assert batcher.asked == ["m3"]
+
+
+def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
+    assert static_tier(config(static_tier={"enabled": False, "accept": {"math": 0.1}})) is None
+    assert static_tier(config(static_tier={"enabled": True})) is None
+    assert static_tier(config(static_tier={"enabled": True, "accept": {"math": math.inf}})) is None
+    assert static_tier(config(static_tier={"enabled": True, "accept": {"math": 0.1}})) is not None
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"accept": {"general": 0.1}}, "static_tier.accept.general"),
+    ({"accept": {"poetry": 0.1}}, "static_tier.accept.poetry"),
+    ({"accept": {"math": -0.1}}, "static_tier.accept.math"),
+    ({"thresholds": {"math": float("inf")}}, "static_tier.thresholds.math"),
+    ({"enabled": "sometimes"}, "static_tier.enabled"),
+])
+def test_a_bad_static_tier_section_names_its_key(section, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config(static_tier=section)
+
+
+def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
+    rng = np.random.default_rng(0)
+    lead = rng.uniform(0, 1, 1000)
+    agrees = (lead > 0.3) | (rng.uniform(0, 1, 1000) < 0.5)  # below 0.3, half disagree
+    level = _accept_level(lead, agrees, 0.004)
+    assert 0.29 < level < 0.4
+    kept = lead >= level
+    assert (~agrees[kept]).sum() <= 0.004 * kept.sum()
+    assert _accept_level(lead[:10], agrees[:10], 0.004) == math.inf  # too few to say anything
+    assert _accept_level(lead, np.zeros(1000, dtype=bool), 0.004) == math.inf
