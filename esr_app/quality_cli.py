@@ -353,8 +353,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
         vectors = text_vectors(encoder, routed_texts(config, dialogues))
         before = _conversation_report(config, classifier, dialogues, vectors)
         result = fit_conversations(config, encoder.encode, dialogues, vectors, **options)
-        after = _conversation_report(result.config, RouteClassifier(result.config, encoder.encode, head=result.head),
-                                     dialogues, vectors)
+        fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
+        static = None
+        if static_tier_on(result.config):  # on every user turn, as fit_conversations fits the head
+            texts = [texts[-1] for d in dialogues for texts in d.routed(result.config)]
+            result, static_head, static = _fit_static_tier(
+                result, fitted_classifier, encoder, np.stack([vectors[t] for t in texts]), texts,
+                [label for d in dialogues for label in d.labels], None)
+        after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)
         encoder, classifier = offline(config)
