@@ -3,10 +3,12 @@ off, the default 500 ms deadline) on the same fitted config, behind its own Envo
 answer directly, driven by `wrk` with held-out prompts (CLINC150 val, made unique per request);
 trials interleaved, so both see the same machine.
 
-    python -m bench.cascade_bench [--config build/clinc150.fitted.yaml] [--trials 3] [--seconds 8] [--out r.json]
+    python -m bench.cascade_bench [--config build/clinc150.fitted.yaml] [--trials 3] [--seconds 8]
+                                  [--overload] [--out r.json]
 
 Per variant and trial: c1 (latency), c64 (throughput) and the router's CPU per routed request at
-c64 (user + system of its process tree, from /proc). Checks the issue's targets: routed req/s at
+c64 (user + system of its process tree, from /proc); with --overload also c512, counting the
+answers Envoy passed on without the router (no reason header: its message timeout fired). Checks the issue's targets: routed req/s at
 c64 >= 2.5x, CPU per routed request <= 0.4x, c1 p50 <= 0.5x, each best trial against best trial.
 Needs wrk, envoy and a fitted config (make clinc150).
 """
@@ -32,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"cascade": True, "encoder_only": False}  # static_tier.enabled
 ROUTED = ("matched", "default", "low_confidence")
 COLUMNS = ("variant", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request",
-           "static_share", "fallback_timeout_share")
+           "static_share", "fallback_timeout_share", "unrouted_passes")
 _PROMPT_LINE = "  local p = string.format(prompts[(counter % #prompts) + 1], counter)"
 
 
@@ -61,6 +63,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/clinc150/val.jsonl")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--overload", action="store_true", help="also c512: answers Envoy passed without the router")
     p.add_argument("--out")
     args = p.parse_args()
     if not shutil.which("wrk"):
@@ -91,12 +94,18 @@ def main() -> None:
         for trial in range(args.trials):
             for name in VARIANTS if trial % 2 == 0 else reversed(list(VARIANTS)):
                 proc, _, listener = stacks[name]
-                for c in (1, 64):
+                for c in (1, 64, 512) if args.overload else (1, 64):
                     before = tree_cpu(proc.pid)
                     row = run_wrk(listener, c, args.seconds, script, good=ROUTED)
                     spent = tree_cpu(proc.pid) - before
                     routed = row["goodput_rps"] * args.seconds
-                    tiers = {k: v for k, v in row["reasons"].items() if k.startswith("tier_")}
+                    tiers = {k: row["reasons"].pop(k) for k in list(row["reasons"]) if k.startswith("tier_")}
+                    answers = sum(row["reasons"].values())  # run_wrk counted the tier tallies as answers too
+                    row["throughput_rps"] = round(answers / args.seconds, 1)
+                    row["fallback_timeout_share"] = round(row["reasons"].get("fallback_timeout", 0) / answers, 4) \
+                        if answers else None
+                    # No reason header: Envoy's message timeout passed it on without the router (fail-open).
+                    row["unrouted_passes"] = sum(v for k, v in row["reasons"].items() if k.startswith("none_"))
                     rows.append({"variant": name, "trial": trial, **row,
                                  "cpu_ms_per_request": round(1000 * spent / routed, 3) if routed else None,
                                  "static_share": round(tiers.get("tier_static", 0) / sum(tiers.values()), 4)
@@ -120,6 +129,18 @@ def main() -> None:
         new, old = best("cascade", scenario, key, low), best("encoder_only", scenario, key, low)
         ratio = new / old if new and old else float("nan")
         checks[label] = {"ok": ratio <= target if low else ratio >= target, "detail": f"{new} vs {old}: {ratio:.2f}x"}
+    if args.overload:
+        for name in VARIANTS:
+            c512 = [r for r in rows if r["variant"] == name and r["scenario"] == "envoy_c512"]
+            goodput, c64 = best(name, "envoy_c512", "goodput_rps"), best(name, "envoy_c64", "goodput_rps")
+            checks[f"c512, {name}: answers passed without the router (target 0)"] = {
+                "ok": all(r["unrouted_passes"] == 0 for r in c512),
+                "detail": ", ".join(str(r["unrouted_passes"]) for r in c512)}
+            checks[f"c512, {name}: fallback_timeout share <= 1%, goodput >= 0.9x c64, p99 <= 650 ms"] = {
+                "ok": all(r["fallback_timeout_share"] <= 0.01 and r["p99_ms"] <= 650 for r in c512)
+                and goodput >= 0.9 * c64,
+                "detail": f"timeouts {[r['fallback_timeout_share'] for r in c512]}, goodput {goodput} vs c64 {c64}, "
+                          f"p99 {[r['p99_ms'] for r in c512]}"}
     emit({"benchmark": "cascade", "config": str(args.config), "cpu_count": os.cpu_count(), "rows": rows,
           "checks": checks}, args.out, columns=COLUMNS)
 

@@ -94,6 +94,8 @@ def _report(classifier, embeddings, data, config: RouterConfig, static=None) -> 
         alone = evaluate(data.labels, decide_labelled(config, classifier, data.texts, embeddings),
                          list(config.route_names), config.default_route.name)
         report["encoder_alone_accuracy"] = alone["accuracy"]
+        if alone.get("shifted"):
+            report["encoder_alone_shifted"] = alone["shifted"]["accuracy"]
     return report
 
 

@@ -149,7 +149,9 @@ def format_report(report: dict, default: str) -> str:
         *([f"accuracy with {report['shifted']['default_share']:.0%} default-route traffic: "
            f"{report['shifted']['accuracy']:.4f}"] if report.get("shifted") else []),
         *_conversation_lines(report.get("conversation")),
-        *([f"encoder alone (static_tier off): accuracy {report['encoder_alone_accuracy']:.4f}"]
+        *([f"encoder alone (static_tier off): accuracy {report['encoder_alone_accuracy']:.4f}"
+           + (f", with {report['shifted']['default_share']:.0%} default-route traffic {report['encoder_alone_shifted']:.4f}"
+              if report.get("encoder_alone_shifted") is not None and report.get("shifted") else "")]
           if report.get("encoder_alone_accuracy") is not None else []),
         *([f"{name} tier: decides {t['share']:.1%}, accuracy {t['accuracy']}, ECE "
            f"{t['confidence']['ece'] if t['confidence'] else '-'}; share by route "

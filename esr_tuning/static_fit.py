@@ -17,7 +17,8 @@ from esr_config import RouterConfig
 from router.classifier import RouteClassifier
 from router.head import LinearHead
 from router.static_tier import margins, static_config
-from esr_tuning.fit import _train_head, tune_thresholds
+from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
+from esr_tuning.fit import _train_head, label_indices, tune_thresholds
 
 # At most this share of the decisions the static tier keeps for a route may differ from the encoder's.
 MAX_DISAGREEMENT = 0.004
@@ -49,7 +50,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     head, _, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
     classifier = RouteClassifier(static_config(base), static_encode, head=head)
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
-                                encoder.choose(encoder.scores(embeddings[held])))
+                                encoder.choose(encoder.scores(embeddings[held])), label_indices(base, labels)[held])
     head, _, _ = _train_head(base, static_vectors, labels, intents, 0.0, seed)
     return StaticFit(fitted, head, notes)
 
@@ -79,9 +80,12 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
 
 
 def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray, agree_with: np.ndarray,
-                max_disagreement: float = MAX_DISAGREEMENT) -> tuple[RouterConfig, list[str]]:
+                truth: np.ndarray | None = None, max_disagreement: float = MAX_DISAGREEMENT
+                ) -> tuple[RouterConfig, list[str]]:
     """The tier's thresholds (on `scores`, the static tier's, to choose as the encoder chose:
-    `agree_with`), then each route's accept margin (_accept_level)."""
+    `agree_with`), then each route's accept margin (_accept_level). With `truth` (the examples'
+    route indices), what a kept decision costs is accuracy, not agreement: one the static tier gets
+    wrong where the encoder is right costs 1, one it gets right where the encoder is wrong gains 1."""
     thresholds = tune_thresholds(classifier, scores, agree_with, objective="accuracy")
     names = [r.name for r in config.routes]
     tuned = dataclasses.replace(config, static_tier=dataclasses.replace(
@@ -89,23 +93,42 @@ def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.nd
     choices = classifier.choose(scores, thresholds)
     lead = margins(classifier, scores, choices, thresholds)
     accept, kept = {}, np.zeros(len(choices), dtype=bool)
+    weight = None if truth is None else _shifted_weights(truth)
     for index, name in enumerate(names):  # the default route is the encoder's (router/static_tier.py)
         mine = np.flatnonzero(choices == index)
-        level = _accept_level(lead[mine], choices[mine] == agree_with[mine], max_disagreement)
+        if truth is None:
+            cost = (choices[mine] != agree_with[mine]).astype(np.float64)
+        else:
+            cost = weight[mine] * ((choices[mine] != truth[mine]).astype(np.float64)
+                                   - (agree_with[mine] != truth[mine]).astype(np.float64))
+        level = _accept_level(lead[mine], cost, max_disagreement)
         accept[name] = max(0.0, math.ceil(level * 1e4) / 1e4) if math.isfinite(level) else NEVER
         kept[mine[lead[mine] >= level]] = True
     share = float(kept.mean()) if len(kept) else 0.0
     differ = float((kept & (choices != agree_with)).mean()) if len(kept) else 0.0
+    lost = "" if truth is None else (
+        f", accuracy {float(np.where(kept, choices, agree_with).__eq__(truth).mean()):.4f} against the encoder's "
+        f"{float((agree_with == truth).mean()):.4f}")
     notes = [f"static tier: decides {share:.1%} of {len(scores)} held-out examples, differing from the encoder "
-             f"on {differ:.2%} of them all (margins per route: {_shown(accept)})"]
+             f"on {differ:.2%} of them all{lost} (margins per route: {_shown(accept)})"]
     return dataclasses.replace(tuned, static_tier=dataclasses.replace(tuned.static_tier, accept=accept)), notes
 
 
-def _accept_level(lead: np.ndarray, agrees: np.ndarray, max_disagreement: float) -> float:
-    """The lowest margin at which the decisions at or above it disagree at most `max_disagreement`
-    of the time, over at least MIN_SUPPORT of them; inf where none does."""
+def _shifted_weights(truth: np.ndarray) -> np.ndarray:
+    """Per example, so that the default route's examples weigh SHIFTED_DEFAULT_SHARE of the whole (as
+    fit's shifted objective): a labelled set holds few of them, and a static decision for a route
+    on a prompt that belongs nowhere is the cascade's costliest mistake once such traffic grows."""
+    outside = truth < 0
+    if not outside.any() or outside.all():
+        return np.ones(len(truth))
+    return np.where(outside, SHIFTED_DEFAULT_SHARE / outside.mean(), (1 - SHIFTED_DEFAULT_SHARE) / (~outside).mean())
+
+
+def _accept_level(lead: np.ndarray, cost: np.ndarray, max_disagreement: float) -> float:
+    """The lowest margin at which the decisions at or above it cost (disagreements, or accuracy:
+    fit_margins) at most `max_disagreement` of them, over at least MIN_SUPPORT; inf where none does."""
     order = np.argsort(-lead, kind="stable")
-    lead, wrong = lead[order], np.cumsum(~agrees[order])
+    lead, wrong = lead[order], np.cumsum(cost[order])
     count = np.arange(1, len(lead) + 1)
     ok = (wrong <= max_disagreement * count) & (count >= MIN_SUPPORT)
     # Only where the next example's margin differs: a margin keeps every example that reaches it.

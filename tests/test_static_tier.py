@@ -123,9 +123,12 @@ def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
     rng = np.random.default_rng(0)
     lead = rng.uniform(0, 1, 1000)
     agrees = (lead > 0.3) | (rng.uniform(0, 1, 1000) < 0.5)  # below 0.3, half disagree
-    level = _accept_level(lead, agrees, 0.004)
+    cost = (~agrees).astype(np.int64)
+    level = _accept_level(lead, cost, 0.004)
     assert 0.29 < level < 0.4
     kept = lead >= level
     assert (~agrees[kept]).sum() <= 0.004 * kept.sum()
-    assert _accept_level(lead[:10], agrees[:10], 0.004) == math.inf  # too few to say anything
-    assert _accept_level(lead, np.zeros(1000, dtype=bool), 0.004) == math.inf
+    assert _accept_level(lead[:10], cost[:10], 0.004) == math.inf  # too few to say anything
+    assert _accept_level(lead, np.ones(1000, dtype=np.int64), 0.004) == math.inf
+    # Judged on accuracy: a wrong static decision the encoder also gets wrong costs nothing.
+    assert _accept_level(lead, np.where(agrees, 0, np.where(lead > 0.1, 0, 1)), 0.004) < level
