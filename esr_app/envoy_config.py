@@ -113,6 +113,15 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
+    if config.envoy.request_body_mode == "buffered":
+        # Where the router chose nothing (it shed the request at its headers, failed or is down), a
+        # body that names a backend model still reaches it (_pinned_model_reader); the rest, the default.
+        routes += [
+            {"match": {**llm, "dynamic_metadata": [{"filter": PINNED_NAMESPACE, "path": [{"key": "model"}],
+                                                    "value": {"string_match": {"exact": b.model}}}]},
+             "route": {"cluster": b.model, "timeout": upstream}}
+            for b in backends
+        ]
     routes.append({"match": llm, "route": default})
     routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
                for prefix in config.envoy.passthrough_paths]
@@ -227,6 +236,21 @@ end
 """
 
 
+# Envoy's own reading of a body's top-level `model`, for the routes taken when the router chose none.
+PINNED_NAMESPACE = "semantic_router.pinned"
+
+
+def _pinned_model_reader() -> dict:
+    """json_to_metadata: the body's `model` into dynamic metadata, read by Envoy before the router
+    sees the request (buffered mode: Envoy holds the whole body for the router anyway), so a
+    request the router sheds or cannot answer still reaches the backend model it pins."""
+    return {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+        "request_rules": {"rules": [{"selectors": [{"key": "model"}],
+                                     "on_present": {"metadata_namespace": PINNED_NAMESPACE, "key": "model",
+                                                    "type": "STRING"}}]}}}
+
+
 def _cache_keeper(config: RouterConfig) -> dict:
     code = _KEEPER_LUA % {"namespace": CACHE_NAMESPACE, "limit": config.cache.max_entry_bytes, "keeper": CACHE_KEEPER,
                           "cluster": ROUTER_CLUSTER, "method": keeper.METHOD, "entry": keeper.ENTRY,
@@ -300,6 +324,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                     },
                 },
                 *([_cache_keeper(config)] if config.cache.enabled else []),
+                *([_pinned_model_reader()] if config.envoy.request_body_mode == "buffered" else []),
                 _ext_proc_filter(config),
                 _router_filter(),
             ],

@@ -38,6 +38,12 @@ class ServerConfig:
     gateway_model_header: str | None = "x-gateway-model-name"
     gateway_base_model_header: str | None = "x-gateway-base-model-name"
     base_models: dict = field(default_factory=dict)  # backend model -> the base model it adapts
+    # LLM calls a process routes at once (headers answered, body not yet): past it, a new one is shed
+    # at its headers (reason fallback_overload, skip the body), before it costs the event loop a
+    # parse, so every message is still answered before Envoy's message timeout (docs/overload.md).
+    # A shed request goes to the backend its body's `model` names (the rendered config reads it:
+    # json_to_metadata), else the default route. 0: never shed. Buffered body mode only.
+    max_in_flight: int = 128
 
     @property
     def gateway_headers(self) -> tuple[str, ...]:
@@ -58,6 +64,7 @@ class ServerConfig:
             value = getattr(self, name)
             require(value is None or bool(_HEADER.match(value)), name, "must be a lower-case header name")
         require(self.health_port is None or 1 <= self.health_port <= 65535, "health_port", "must be a port number")
+        require(self.max_in_flight >= 0, "max_in_flight", "must not be negative (0: never shed)")
         for model, base in self.base_models.items():
             require(isinstance(model, str) and isinstance(base, str) and bool(base), f"base_models.{model}",
                     "must name a base model")

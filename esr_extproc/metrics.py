@@ -26,3 +26,6 @@ FILTER_FAILURES = Counter(
 STREAMS = Counter("semantic_router_ext_proc_streams_total",
                   "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
                   ["process"])
+SHED = Counter("semantic_router_shed_at_headers_total",
+               "LLM calls shed at their headers (server.max_in_flight reached): Envoy routes them on the body's "
+               "model itself, else to the default route.")

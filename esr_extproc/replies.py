@@ -92,6 +92,17 @@ def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.Processin
     )
 
 
+def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    """Shed at the headers phase: no body for the router, `headers` set and no route chosen, so Envoy
+    routes on what it read of the body itself (a pinned model), else to the default route."""
+    return pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=pb.CommonResponse(
+            header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=(*_STRIPPED, *also)),
+            clear_route_cache=True)),
+        mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
+    )
+
+
 def headers_routed(headers: Mapping[str, str]) -> pb.ProcessingResponse:
     """Decided at the headers phase (no body will come): strip client copies, set the route."""
     return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse(

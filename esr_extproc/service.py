@@ -66,7 +66,7 @@ class _Stream:
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
                  "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "body_mode", "held_headers",
-                 "body_bytes", "unbuffered")
+                 "body_bytes", "unbuffered", "admitted")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -88,6 +88,7 @@ class _Stream:
         self.cache_view: CacheView | None = None  # what the parser made for the key (cacheable requests)
         self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
         self.body_mode = replies.BUFFERED  # as Envoy's first message says (protocol_config)
+        self.admitted = False  # counted in the service's in_flight until its body is answered
         self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.body_bytes = 0
         self.unbuffered = False  # streamed: the body came on in chunks, the override refused
@@ -138,6 +139,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # the first engine is built.
         self.serving: Serving | None = None
         self._bodies = BodyParser()
+        self.in_flight = 0  # LLM calls admitted at their headers whose answer is not yet sent (server.max_in_flight)
 
     def start(self) -> None:
         """Starts what serving needs beside the engine: the worker process for large bodies."""
@@ -156,6 +158,19 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
         self._streams.inc()
+        try:
+            async for answer in self._process(request_iterator, stream):
+                yield answer
+        finally:
+            self._release(stream)
+
+    def _release(self, stream: "_Stream") -> None:
+        if stream.admitted:
+            stream.admitted = False
+            self.in_flight -= 1
+
+    async def _process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], stream: "_Stream"
+                       ) -> AsyncIterator[pb.ProcessingResponse]:
         async for request in request_iterator:
             kind = request.WhichOneof("request")
             if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
@@ -181,6 +196,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                         yield answer
                 elif chunk.end_of_stream:
                     answer = await self._on_body(stream)
+                    self._release(stream)  # answered: what the stream waits for now is the backend's
                     yield self._too_late_to_route(answer) if stream.unbuffered else answer
                 else:
                     if stream.streamed and stream.llm_call and not stream.unbuffered:
@@ -271,6 +287,14 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, "
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
+        if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED:
+            limit = current.settings.server.max_in_flight
+            if limit and self.in_flight >= limit:
+                metrics.REQUESTS.labels("fallback_overload").inc()
+                metrics.SHED.inc()
+                return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})
+            stream.admitted = True
+            self.in_flight += 1
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()

@@ -493,3 +493,39 @@ def test_the_inference_extensions_headers_are_set_beside_the_routers_and_never_t
             assert "x-gateway-base-model-name" not in set_headers(other)
 
     run(main())
+
+
+def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_comes_back():
+    async def main():
+        backend = FakeBackend(hold=True)
+        cfg = {**CONFIG, "server": {"max_in_flight": 2}}
+        async with Harness(cfg, backend) as h:
+            held = [h.stub.Process() for _ in range(2)]
+            for call in held:  # two admitted at their headers: their bodies are not yet answered
+                await call.write(headers_msg())
+                answer = await call.read()
+                assert not answer.HasField("mode_override")
+            assert h.service.in_flight == 2
+            shed_before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") or 0.0
+            (shed,) = await h.exchange(headers_msg())
+            assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            common = shed.request_headers.response
+            assert common.clear_route_cache
+            set_ = {x.header.key: x.header.raw_value.decode() for x in common.header_mutation.set_headers}
+            # No model chosen: Envoy routes on the body's own `model` (json_to_metadata), else the default.
+            assert set_ == {"x-semantic-route-reason": "fallback_overload"}
+            assert "x-selected-model" in common.header_mutation.remove_headers
+            assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") == shed_before + 1
+            (other,) = await h.exchange(headers_msg(method="GET", path="/v1/models"))  # not an LLM call: not counted
+            assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            backend.gate.set()
+            for call in held:  # answered: each frees its slot, with the stream still open
+                await call.write(body_msg(chat("solve 3x + 5 = 20")))
+                assert set_headers(await call.read())["x-semantic-route-reason"] in ("matched", "default")
+            assert h.service.in_flight == 0
+            _, routed = await h.exchange(headers_msg(), body_msg(chat("write a python function")))
+            assert set_headers(routed)["x-selected-model"] == "code-model"
+            for call in held:
+                await call.done_writing()
+
+    run(main())

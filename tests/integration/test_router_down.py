@@ -48,6 +48,12 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
         assert r.headers["x-mock-backend"] == "general-model"
         assert r.json()["model"] == "auto"
         assert "x-selected-model" not in r.json()["mock"]["headers"]
+    # A body that pins a backend model still reaches it: Envoy reads `model` itself (json_to_metadata),
+    # the same path a request the router sheds at its headers takes.
+    for model in ("code-model", "math-model"):
+        r = post(own_stack, {**MATH, "model": model}, {"x-selected-model": "general-model"})
+        assert r.status_code == 200 and r.headers["x-mock-backend"] == model
+    assert post(own_stack, {**MATH, "model": "no-such-model"}).headers["x-mock-backend"] == "general-model"
 
     own_stack.start_router()
     r = post(own_stack, MATH)
