@@ -357,11 +357,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result = fit_conversations(config, encoder.encode, dialogues, vectors, **options)
         fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
         static = None
-        if static_tier_on(result.config):  # on every user turn, as fit_conversations fits the head
-            texts = [texts[-1] for d in dialogues for texts in d.routed(result.config)]
-            result, static_head, static = _fit_static_tier(
-                result, fitted_classifier, encoder, np.stack([vectors[t] for t in texts]), texts,
-                [label for d in dialogues for label in d.labels], None)
+        if static_tier_on(result.config):
+            from esr_tuning.static_fit import fit_conversation_tier
+            from router.static_tier import StaticTier
+
+            encode = static_encoder(result.config)
+            fitted = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
+            result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
+            static_head = fitted.head
+            static = StaticTier(fitted.config, encode,
+                                RouteClassifier(static_config(fitted.config), encode, head=fitted.head))
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)

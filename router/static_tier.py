@@ -75,6 +75,10 @@ class StaticTier:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
         scores = self.classifier.scores(self.encode(turns))
         turn, choice = deciding_turn(self.classifier, scores, self.gate)
+        if turn != len(scores) - 1:
+            # Carried from an earlier turn: whether the request's own turn names nothing or a new
+            # topic is the encoder's call (SGD dev: static context decisions cost the cascade 0.005).
+            return None
         if margins(self.classifier, scores[turn:turn + 1], np.asarray([choice]))[0] < self.accept[choice]:
             return None
         decision = self.classifier.decision(scores[turn], choice, kind_of(choice, turn == len(scores) - 1))

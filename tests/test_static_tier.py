@@ -62,10 +62,12 @@ def test_the_tier_decides_a_route_it_leads_by_its_margin_and_nothing_else():
     assert tier_of(accept={"code": 0.5}).decide(["m1"]) is None  # a route with no fitted margin: never
 
 
-def test_a_conversation_is_decided_by_its_deciding_turn_as_the_encoder_would():
+def test_in_a_conversation_the_tier_decides_only_on_the_requests_own_turn():
     tier = tier_of(accept={"math": 0.5, "code": 0.5})
-    decided = tier.decide(["m1", "g1"])  # the follow-up names nothing: the earlier math turn decides
-    assert decided is not None and (decided.route, decided.reason) == ("math", "context")
+    decided = tier.decide(["c1", "m1"])  # the request's own turn names math: decided here
+    assert decided is not None and (decided.route, decided.reason) == ("math", "matched")
+    # The follow-up names nothing and the earlier math turn would carry the route: that is the encoder's call.
+    assert tier.decide(["m1", "g1"]) is None
 
 
 def test_margins_lead_over_the_runner_up_and_below_thresholds_for_the_default_route():
