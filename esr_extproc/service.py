@@ -8,7 +8,7 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import AsyncIterator, NamedTuple
+from typing import AsyncIterator, Callable, NamedTuple
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -132,8 +132,12 @@ class Serving(NamedTuple):
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, process: str = "router", cache: ResponseCache | None = None):
+    def __init__(self, process: str = "router", cache: ResponseCache | None = None,
+                 loop_lag: Callable[[], float] | None = None):
+        """`loop_lag`: the event loop's current lag in seconds (esr_app/process_watch.LoopLag): past
+        server.shed_loop_lag_ms, LLM calls are shed at their headers."""
         self._streams = metrics.STREAMS.labels(process)
+        self._loop_lag = loop_lag or (lambda: 0.0)
         self.cache = cache  # None: no response cache
         # Swapped whole by a config reload (serve) without touching requests in flight. None until
         # the first engine is built.
@@ -288,8 +292,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED:
-            limit = current.settings.server.max_in_flight
-            if limit and self.in_flight >= limit:
+            server = current.settings.server
+            if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
+                    or (server.shed_loop_lag_ms and self._loop_lag() * 1000.0 > server.shed_loop_lag_ms):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})

@@ -529,3 +529,21 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
                 await call.done_writing()
 
     run(main())
+
+
+def test_while_the_event_loop_runs_late_llm_calls_are_shed_at_their_headers():
+    from esr_app.process_watch import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        async with Harness({**CONFIG, "server": {"shed_loop_lag_ms": 200}}, loop_lag=lag) as h:
+            lag.now = 0.25  # every message waits a quarter second before the router reads it
+            (shed,) = await h.exchange(headers_msg())
+            assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            assert h.service.in_flight == 0
+            lag.now = 0.05
+            answers = await h.exchange(headers_msg(), body_msg(chat("write a python function")))
+            assert not answers[0].HasField("mode_override")
+            assert set_headers(answers[1])["x-selected-model"] == "code-model"
+
+    run(main())

@@ -66,8 +66,9 @@ def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
 class Harness:
     """A real grpc.aio server on loopback carrying the ext_proc service; one client stream per call."""
 
-    def __init__(self, config=CONFIG, backend=None, cache=None):
+    def __init__(self, config=CONFIG, backend=None, cache=None, loop_lag=None):
         self.config = parse_config(config)
+        self.loop_lag = loop_lag  # what the service reads as the event loop's lag (process_watch.LoopLag)
         self.backend = backend or FakeBackend()
         self.cache = cache  # a ResponseCache, served with its keeper as RouterServer does
 
@@ -76,7 +77,7 @@ class Harness:
         self.batcher.start()
         classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
         self.server = grpc.aio.server()
-        self.service = ExtProcService(cache=self.cache)
+        self.service = ExtProcService(cache=self.cache, loop_lag=self.loop_lag)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
         if self.cache is not None:
             self.server.add_generic_rpc_handlers((CacheKeeper(self.cache).handler(),))
