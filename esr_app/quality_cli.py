@@ -293,6 +293,17 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
     return result, fitted.head, tier
 
 
+def _with_heads(config: RouterConfig, out: Path, head, static_head) -> RouterConfig:
+    """`config` naming the heads fit trained, each saved beside `out` (None: none trained)."""
+    for trained, suffix, key in ((head, ".head.npz", "classifier.head_path"),
+                                 (static_head, ".static-head.npz", "static_tier.head_path")):
+        if trained is not None:
+            path = out.with_suffix(suffix)
+            trained.save(path)
+            config = replace_at(config, key, str(path.resolve()))
+    return config
+
+
 def _fit_static_only(args: argparse.Namespace, config: RouterConfig) -> int:
     from esr_tuning.evaluation import routed_texts_of
     from esr_tuning.fit import FitResult
@@ -312,12 +323,7 @@ def _fit_static_only(args: argparse.Namespace, config: RouterConfig) -> int:
     embeddings = encoder.encode(routed_texts_of(config, texts))
     result, head, _ = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts, labels,
                                        intents)
-    fitted = result.config
-    if head is not None:
-        static_file = args.out.with_suffix(".static-head.npz")
-        head.save(static_file)
-        fitted = replace_at(fitted, "static_tier.head_path", str(static_file.resolve()))
-    write_config(fitted, args.out, leading_comments(args.config))
+    write_config(_with_heads(result.config, args.out, None, head), args.out, leading_comments(args.config))
     for note in result.notes:
         print(note)
     print(f"wrote {args.out}")
@@ -362,11 +368,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
             from router.static_tier import StaticTier
 
             encode = static_encoder(result.config)
-            fitted = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
-            result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
-            static_head = fitted.head
-            static = StaticTier(fitted.config, encode,
-                                RouteClassifier(static_config(fitted.config), encode, head=fitted.head))
+            tier_fit = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
+            result = dataclasses.replace(result, config=tier_fit.config, notes=result.notes + tier_fit.notes)
+            static_head = tier_fit.head
+            static = StaticTier(tier_fit.config, encode,
+                                RouteClassifier(static_config(tier_fit.config), encode, head=tier_fit.head))
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)
@@ -393,15 +399,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
             tuned = {**result.config.cache.semantic_thresholds, **semantic["tuned_thresholds"]}
             result = dataclasses.replace(result, config=replace_at(result.config, "cache", semantic_thresholds=tuned))
 
-    fitted, head_file = result.config, args.out.with_suffix(".head.npz")
-    if result.head is not None:
-        result.head.save(head_file)
-        fitted = replace_at(fitted, "classifier.head_path", str(head_file.resolve()))
-    if static_head is not None:
-        static_file = args.out.with_suffix(".static-head.npz")
-        static_head.save(static_file)
-        fitted = replace_at(fitted, "static_tier.head_path", str(static_file.resolve()))
-    write_config(fitted, args.out, leading_comments(args.config))
+    head_file = args.out.with_suffix(".head.npz")
+    write_config(_with_heads(result.config, args.out, result.head, static_head), args.out, leading_comments(args.config))
 
     for note in result.notes:
         print(note)

@@ -107,7 +107,7 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
     where the encoder is wrong gains 1."""
     names = [r.name for r in config.routes]
     accept, kept = {}, np.zeros(len(choices), dtype=bool)
-    weight = None if truth is None else _shifted_weights(truth)
+    weight = np.ones(len(choices)) if truth is None else _shifted_weights(truth)
     for index, name in enumerate(names):  # the default route is the encoder's (router/static_tier.py)
         mine = np.flatnonzero(choices == index)
         if truth is None:
@@ -140,7 +140,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     base = cleared(config)
     gate = config.conversation.gate
     train, tune = split_dialogues(dialogues, holdout, seed)
-    static = {}
+    static: dict[str, np.ndarray] = {}
 
     def embed(texts) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in static]
