@@ -15,7 +15,7 @@ from esr_config import RouterConfig
 
 from esr_extproc.config import BackendConfig
 from esr_extproc import keeper
-from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, LLM_PATHS, ROUTER_HEADERS, SELECTED_MODEL,
+from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, LLM_PATHS, PINNED_NAMESPACE, ROUTER_HEADERS, SELECTED_MODEL,
                                  SHOWN_TO_CLIENTS)
 
 ROUTER_CLUSTER = "semantic_router"
@@ -182,7 +182,9 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "message_timeout": _ms(timeout),
             "allow_mode_override": True,
             # Where the router names a kept answer's entry for the cache keeper (_cache_keeper).
-            "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE]}},
+            "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE]},
+                                 **({"forwarding_namespaces": {"untyped": [PINNED_NAMESPACE]}} if not duplex
+                                    and config.envoy.request_body_mode == "buffered" else {})},
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
@@ -236,19 +238,18 @@ end
 """
 
 
-# Envoy's own reading of a body's top-level `model`, for the routes taken when the router chose none.
-PINNED_NAMESPACE = "semantic_router.pinned"
-
-
 def _pinned_model_reader() -> dict:
     """json_to_metadata: the body's `model` into dynamic metadata, read by Envoy before the router
     sees the request (buffered mode: Envoy holds the whole body for the router anyway), so a
     request the router sheds or cannot answer still reaches the backend model it pins."""
     return {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+        # Missing or unreadable: an empty value, so the namespace is there whenever Envoy has read the
+        # body, and the router (which is sent it) knows that a request it sheds keeps its pin.
         "request_rules": {"rules": [{"selectors": [{"key": "model"}],
-                                     "on_present": {"metadata_namespace": PINNED_NAMESPACE, "key": "model",
-                                                    "type": "STRING"}}]}}}
+                                     **{when: {"metadata_namespace": PINNED_NAMESPACE, "key": "model", "type": "STRING",
+                                               **({} if when == "on_present" else {"value": {"string_value": ""}})}
+                                        for when in ("on_present", "on_missing", "on_error")}}]}}}
 
 
 def _cache_keeper(config: RouterConfig) -> dict:

@@ -18,6 +18,10 @@ CACHE_KEEPER = "x-semantic-cache-keeper"
 EPP_DESTINATION = "x-gateway-destination-endpoint"
 # The dynamic-metadata namespace the router names a kept answer's entry in, for that keeper.
 CACHE_NAMESPACE = "semantic_router.cache"
+# Where the rendered config's json_to_metadata puts the body's `model` (empty: none), before the
+# router: routes read it when the router chose nothing, and the router, sent it, knows that a
+# request it sheds at the headers still reaches the model it pins.
+PINNED_NAMESPACE = "semantic_router.pinned"
 SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER)  # copied onto responses by Envoy
 
 # Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy

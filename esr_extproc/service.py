@@ -27,7 +27,8 @@ from esr_extproc.config import ServerConfig
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.keeper import entry_token
-from esr_extproc.headers import CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, REASON, ROUTE, SCORE, SELECTED_MODEL, TIER, TRUNCATED
+from esr_extproc.headers import (CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, PINNED_NAMESPACE, REASON, ROUTE,
+                                 SCORE, SELECTED_MODEL, TIER, TRUNCATED)
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
                 stream.body_mode = request.protocol_config.request_body_mode
             if kind == "request_headers":
-                answer = self._on_headers(request.request_headers, stream)
+                answer = self._on_headers(request.request_headers, stream,
+                                          sheddable=PINNED_NAMESPACE in request.metadata_context.filter_metadata)
                 if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \
                         and answer.HasField("request_headers"):
                     # Full duplex: the headers answer waits for the whole body (it carries the route).
@@ -264,7 +266,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             if "request.path" in attrs.fields:
                 stream.path = canonical_path(attrs.fields["request.path"].string_value)
 
-    def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream) -> pb.ProcessingResponse:
+    def _on_headers(self, headers: pb.HttpHeaders, stream: _Stream, sheddable: bool = False) -> pb.ProcessingResponse:
+        """`sheddable`: Envoy has read the body's `model` itself (PINNED_NAMESPACE), so a request shed
+        here still reaches a model it pins; behind a gateway that does not, nothing is shed here."""
         h = replies.header_map(headers)
         stream.headers = h
         stream.method = h.get(":method", "")
@@ -291,7 +295,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return _refuse(415, f"Unsupported content-encoding {encoding[:32]!r}: send the body as gzip, br, "
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
-        if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED:
+        if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
             server = current.settings.server
             if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
                     or (server.shed_loop_lag_ms and self._loop_lag() * 1000.0 > server.shed_loop_lag_ms):

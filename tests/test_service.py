@@ -11,7 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import REGISTRY
 
 from filters.chain import FilterChain
-from tests.support.extproc import CONFIG, Harness, body_msg, chat, headers_msg, run, set_headers
+from tests.support.extproc import CONFIG, Harness, body_msg, chat, headers_msg, read_by_envoy, run, set_headers
 from tests.support.fakes import FakeBackend
 
 
@@ -502,12 +502,16 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
         async with Harness(cfg, backend) as h:
             held = [h.stub.Process() for _ in range(2)]
             for call in held:  # two admitted at their headers: their bodies are not yet answered
-                await call.write(headers_msg())
+                await call.write(read_by_envoy(headers_msg()))
                 answer = await call.read()
                 assert not answer.HasField("mode_override")
             assert h.service.in_flight == 2
             shed_before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") or 0.0
-            (shed,) = await h.exchange(headers_msg())
+            # Behind a gateway whose Envoy has not read the body's model, a shed request would lose its
+            # pin: nothing is shed there.
+            (kept,) = await h.exchange(headers_msg())
+            assert not kept.HasField("mode_override")
+            (shed,) = await h.exchange(read_by_envoy(headers_msg()))
             assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
             common = shed.request_headers.response
             assert common.clear_route_cache
@@ -516,14 +520,14 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
             assert set_ == {"x-semantic-route-reason": "fallback_overload"}
             assert "x-selected-model" in common.header_mutation.remove_headers
             assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") == shed_before + 1
-            (other,) = await h.exchange(headers_msg(method="GET", path="/v1/models"))  # not an LLM call: not counted
+            (other,) = await h.exchange(read_by_envoy(headers_msg(method="GET", path="/v1/models")))  # not an LLM call
             assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
             backend.gate.set()
             for call in held:  # answered: each frees its slot, with the stream still open
                 await call.write(body_msg(chat("solve 3x + 5 = 20")))
                 assert set_headers(await call.read())["x-semantic-route-reason"] in ("matched", "default")
             assert h.service.in_flight == 0
-            _, routed = await h.exchange(headers_msg(), body_msg(chat("write a python function")))
+            _, routed = await h.exchange(read_by_envoy(headers_msg()), body_msg(chat("write a python function")))
             assert set_headers(routed)["x-selected-model"] == "code-model"
             for call in held:
                 await call.done_writing()
@@ -538,11 +542,11 @@ def test_while_the_event_loop_runs_late_llm_calls_are_shed_at_their_headers():
         lag = LoopLag()
         async with Harness({**CONFIG, "server": {"shed_loop_lag_ms": 200}}, loop_lag=lag) as h:
             lag.now = 0.25  # every message waits a quarter second before the router reads it
-            (shed,) = await h.exchange(headers_msg())
+            (shed,) = await h.exchange(read_by_envoy(headers_msg()))
             assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
             assert h.service.in_flight == 0
             lag.now = 0.05
-            answers = await h.exchange(headers_msg(), body_msg(chat("write a python function")))
+            answers = await h.exchange(read_by_envoy(headers_msg()), body_msg(chat("write a python function")))
             assert not answers[0].HasField("mode_override")
             assert set_headers(answers[1])["x-selected-model"] == "code-model"
 

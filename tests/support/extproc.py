@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from batching import BatcherSettings, ContinuousBatcher
 from esr_app.routing_build import service_settings
 from esr_config import parse_config
+from esr_extproc.headers import PINNED_NAMESPACE
 from esr_extproc.keeper import CacheKeeper
 from esr_extproc.service import ExtProcService, Serving
 from filters.chain import FilterChain
@@ -46,6 +47,13 @@ def headers_msg(path="/v1/chat/completions", method="POST", extra=(), end_of_str
     """An LLM call's headers message: path, method and JSON content type, then `extra`."""
     return raw_headers_msg([(":path", path), (":method", method), ("content-type", "application/json"), *extra],
                            end_of_stream)
+
+
+def read_by_envoy(message: pb.ProcessingRequest, model: str = "") -> pb.ProcessingRequest:
+    """`message` as the rendered config sends it: with the body's `model` as Envoy read it
+    (json_to_metadata; empty: none) in the forwarded metadata."""
+    message.metadata_context.filter_metadata[PINNED_NAMESPACE].fields["model"].string_value = model
+    return message
 
 
 def body_msg(obj, end_of_stream=True) -> pb.ProcessingRequest:

@@ -76,10 +76,15 @@ def http_filters(envoy: dict) -> list[dict]:
     return next(c for c in map(http_filters_of, envoy["static_resources"]["listeners"]) if c)
 
 
+JSON_TO_METADATA = "envoy.filters.http.json_to_metadata"
+
+
 def in_place_of_the_routers_filter(*filters: dict) -> Callable[[dict], None]:
-    """An envoy_patch: the rendered router filter's place taken by `filters` (the gateway's own)."""
+    """An envoy_patch: the rendered router filter's place taken by `filters` (the gateway's own),
+    and the rendered config's own reading of the body's model gone (a gateway renders none)."""
     def patch(envoy: dict) -> None:
         chain = http_filters(envoy)
+        chain[:] = [f for f in chain if f["name"] != JSON_TO_METADATA]
         at = next(i for i, f in enumerate(chain) if f["name"] == EXT_PROC)
         chain[at:at + 1] = [copy.deepcopy(f) for f in filters]
     return patch
