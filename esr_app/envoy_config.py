@@ -33,10 +33,7 @@ def _router_filter() -> dict:
 
 
 def message_timeout_ms(config: RouterConfig) -> int:
-    """Router deadline plus headroom for gRPC and Python, so the router's own fallback answers
-    first and Envoy's timeout (failure_mode_allow) is only the backstop for a stuck router."""
-    deadline = config.server.deadline_ms
-    return int(deadline + max(250.0, deadline))
+    return config.server.message_timeout_ms
 
 
 def _ms(ms: float) -> str:
@@ -176,7 +173,8 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER}, "timeout": _ms(2 * timeout)},
+            "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER},
+                             "timeout": f"{config.server.envoy_stream_timeout_s:.3f}s"},
             # Full duplex cannot fail open: the body chunks are the router's once sent.
             "failure_mode_allow": not duplex,
             "message_timeout": _ms(timeout),

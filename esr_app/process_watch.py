@@ -19,18 +19,7 @@ async def update_process_gauges(process: str, interval: float = 1.0) -> None:
         await asyncio.sleep(interval)
 
 
-class LoopLag:
-    """The event loop's lag at its last tick (watch_loop_lag): how long a message that arrives now
-    waits before its stream's code runs. The service sheds at the headers while it is high."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def watch_loop_lag(process: str, tick: float = 0.05, window_s: float = 10.0, into: LoopLag | None = None) -> None:
+async def watch_loop_lag(process: str, tick: float = 0.05, window_s: float = 10.0) -> None:
     """A saturated loop delays every stream before the batcher can see it: measure it."""
     loop = asyncio.get_running_loop()
     lag_max = metrics.LOOP_LAG_MAX.labels(process)
@@ -40,8 +29,6 @@ async def watch_loop_lag(process: str, tick: float = 0.05, window_s: float = 10.
         await asyncio.sleep(tick)
         lag = max(0.0, loop.time() - before - tick)
         metrics.LOOP_LAG.observe(lag)
-        if into is not None:
-            into.now = lag
         if before - window_start > window_s:
             worst, window_start = 0.0, before
         worst = max(worst, lag)

@@ -71,9 +71,7 @@ class RouterServer:
         self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()
         self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
-        self.loop_lag = process_watch.LoopLag()
-        self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None,
-                                       loop_lag=self.loop_lag)
+        self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.health_grpc: grpc.aio.Server | None = None  # server.health_port's
@@ -137,7 +135,7 @@ class RouterServer:
             if self.reloader is not None and self.config.server.watch_config_s > 0:
                 self._spawn(self.reloader.watch(self.config.server.watch_config_s))
             self._spawn(process_watch.update_process_gauges(self.process))
-            self._spawn(process_watch.watch_loop_lag(self.process, into=self.loop_lag))
+            self._spawn(process_watch.watch_loop_lag(self.process))
             log.info(
                 "router serving",
                 extra={"grpc_port": self.grpc_port, "metrics_port": self.metrics_port,

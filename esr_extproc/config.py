@@ -44,10 +44,11 @@ class ServerConfig:
     # A shed request goes to the backend its body's `model` names (the rendered config reads it:
     # json_to_metadata), else the default route. 0: never shed. Buffered body mode only.
     max_in_flight: int = 128
-    # Also shed at the headers while the event loop runs this late (its last 50 ms tick): then every
-    # message waits that long before the router reads it, and Envoy's message timeout (deadline_ms
-    # plus at least 250 ms) comes closer. 0: never.
-    shed_loop_lag_ms: float = 200.0
+    # Also shed at the headers a request whose headers message waited this long before the router
+    # read it (from the gRPC deadline the rendered config gives each stream: envoy_stream_timeout_s):
+    # its body message would wait as long again, and Envoy's message timeout (message_timeout_ms)
+    # would pass it on unexamined. 0: never.
+    shed_wait_ms: float = 250.0
 
     @property
     def gateway_headers(self) -> tuple[str, ...]:
@@ -69,7 +70,19 @@ class ServerConfig:
             require(value is None or bool(_HEADER.match(value)), name, "must be a lower-case header name")
         require(self.health_port is None or 1 <= self.health_port <= 65535, "health_port", "must be a port number")
         require(self.max_in_flight >= 0, "max_in_flight", "must not be negative (0: never shed)")
-        require(self.shed_loop_lag_ms >= 0, "shed_loop_lag_ms", "must not be negative (0: never shed)")
+        require(self.shed_wait_ms >= 0, "shed_wait_ms", "must not be negative (0: never shed)")
+
+    @property
+    def message_timeout_ms(self) -> int:
+        """Envoy's wait for each answer in the rendered config: the deadline plus headroom for gRPC and
+        Python, so the router's own fallback answers first and Envoy's timeout (failure_mode_allow)
+        is only the backstop for a stuck router."""
+        return int(self.deadline_ms + max(250.0, self.deadline_ms))
+
+    @property
+    def envoy_stream_timeout_s(self) -> float:
+        """The gRPC deadline the rendered config gives each ext_proc stream."""
+        return 2 * self.message_timeout_ms / 1000.0
         for model, base in self.base_models.items():
             require(isinstance(model, str) and isinstance(base, str) and bool(base), f"base_models.{model}",
                     "must name a base model")

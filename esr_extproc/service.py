@@ -8,7 +8,7 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, NamedTuple
+from typing import AsyncIterator, NamedTuple
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -62,12 +62,19 @@ def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
     return replies.immediate(openai_error(status, message, code), {})
 
 
+def _waited_s(stream: "_Stream", server) -> float:
+    """How long the stream waited before the router read its first message: the part of the gRPC
+    deadline (server.envoy_stream_timeout_s, the rendered config's) already gone; 0 where unknown."""
+    remaining = stream.time_remaining()
+    return 0.0 if remaining is None else max(0.0, server.envoy_stream_timeout_s - remaining)
+
+
 class _Stream:
     """Per-HTTP-request state between the headers and the body message."""
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
                  "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "body_mode", "held_headers",
-                 "body_bytes", "unbuffered", "admitted")
+                 "body_bytes", "unbuffered", "admitted", "time_remaining")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -90,6 +97,7 @@ class _Stream:
         self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
         self.body_mode = replies.BUFFERED  # as Envoy's first message says (protocol_config)
         self.admitted = False  # counted in the service's in_flight until its body is answered
+        self.time_remaining = lambda: None  # the gRPC call's (ServicerContext.time_remaining)
         self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.body_bytes = 0
         self.unbuffered = False  # streamed: the body came on in chunks, the override refused
@@ -133,12 +141,8 @@ class Serving(NamedTuple):
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, process: str = "router", cache: ResponseCache | None = None,
-                 loop_lag: Callable[[], float] | None = None):
-        """`loop_lag`: the event loop's current lag in seconds (esr_app/process_watch.LoopLag): past
-        server.shed_loop_lag_ms, LLM calls are shed at their headers."""
+    def __init__(self, process: str = "router", cache: ResponseCache | None = None):
         self._streams = metrics.STREAMS.labels(process)
-        self._loop_lag = loop_lag or (lambda: 0.0)
         self.cache = cache  # None: no response cache
         # Swapped whole by a config reload (serve) without touching requests in flight. None until
         # the first engine is built.
@@ -163,6 +167,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
         self._streams.inc()
+        stream.time_remaining = context.time_remaining
         try:
             async for answer in self._process(request_iterator, stream):
                 yield answer
@@ -298,7 +303,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
             server = current.settings.server
             if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
-                    or (server.shed_loop_lag_ms and self._loop_lag() * 1000.0 > server.shed_loop_lag_ms):
+                    or (server.shed_wait_ms and _waited_s(stream, server) * 1000.0 > server.shed_wait_ms):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})

@@ -74,9 +74,8 @@ def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
 class Harness:
     """A real grpc.aio server on loopback carrying the ext_proc service; one client stream per call."""
 
-    def __init__(self, config=CONFIG, backend=None, cache=None, loop_lag=None):
+    def __init__(self, config=CONFIG, backend=None, cache=None):
         self.config = parse_config(config)
-        self.loop_lag = loop_lag  # what the service reads as the event loop's lag (process_watch.LoopLag)
         self.backend = backend or FakeBackend()
         self.cache = cache  # a ResponseCache, served with its keeper as RouterServer does
 
@@ -85,7 +84,7 @@ class Harness:
         self.batcher.start()
         classifier = RouteClassifier(self.config, lambda texts: np.stack([vector_for(t) for t in texts]))
         self.server = grpc.aio.server()
-        self.service = ExtProcService(cache=self.cache, loop_lag=self.loop_lag)
+        self.service = ExtProcService(cache=self.cache)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.service, self.server)
         if self.cache is not None:
             self.server.add_generic_rpc_handlers((CacheKeeper(self.cache).handler(),))
@@ -103,8 +102,9 @@ class Harness:
         await self.server.stop(1)
         await self.batcher.aclose()
 
-    async def exchange(self, *messages) -> list[pb.ProcessingResponse]:
-        call = self.stub.Process()
+    async def exchange(self, *messages, timeout: float | None = None) -> list[pb.ProcessingResponse]:
+        """`timeout`: the call's gRPC deadline (the rendered config sets server.envoy_stream_timeout_s)."""
+        call = self.stub.Process(timeout=timeout)
         out = []
         for m in messages:
             await call.write(m)
