@@ -16,6 +16,7 @@ from esr_config import RouterConfig
 from esr_extproc.config import BackendConfig
 from esr_extproc import keeper
 from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, LLM_PATHS, PINNED_NAMESPACE, ROUTER_HEADERS, SELECTED_MODEL,
+                                 SENT_AT,
                                  SHOWN_TO_CLIENTS)
 
 ROUTER_CLUSTER = "semantic_router"
@@ -173,8 +174,7 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER},
-                             "timeout": f"{config.server.envoy_stream_timeout_s:.3f}s"},
+            "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER}, "timeout": _ms(2 * timeout)},
             # Full duplex cannot fail open: the body chunks are the router's once sent.
             "failure_mode_allow": not duplex,
             "message_timeout": _ms(timeout),
@@ -250,6 +250,16 @@ def _pinned_model_reader() -> dict:
                                         for when in ("on_present", "on_missing", "on_error")}}]}}}
 
 
+def _send_stamp() -> dict:
+    """When Envoy sends a request on to the router (headers.SENT_AT): how long it then waits to be
+    read is what the router sheds on (server.shed_wait_ms). Last before the router's filter."""
+    code = ('function envoy_on_request(handle) handle:headers():replace("%s", '
+            'handle:timestampString(EnvoyTimestampResolution.MICROSECOND)) end' % SENT_AT)
+    return {"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {"inline_string": code}}}
+
+
 def _cache_keeper(config: RouterConfig) -> dict:
     code = _KEEPER_LUA % {"namespace": CACHE_NAMESPACE, "limit": config.cache.max_entry_bytes, "keeper": CACHE_KEEPER,
                           "cluster": ROUTER_CLUSTER, "method": keeper.METHOD, "entry": keeper.ENTRY,
@@ -297,7 +307,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 # route sees them, also while the router is down. The cache's tenant header too: a
                 # client that could write it could read another tenant's answers (README, "Response
                 # cache": an authenticating filter placed before the router sets it).
-                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, *config.server.gateway_headers,
+                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, *config.server.gateway_headers,
                                           *_tenant_header(config)],
                 "virtual_hosts": [
                     {
@@ -323,7 +333,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                     },
                 },
                 *([_cache_keeper(config)] if config.cache.enabled else []),
-                *([_pinned_model_reader()] if config.envoy.request_body_mode == "buffered" else []),
+                *([_pinned_model_reader(), _send_stamp()] if config.envoy.request_body_mode == "buffered" else []),
                 _ext_proc_filter(config),
                 _router_filter(),
             ],

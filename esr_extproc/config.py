@@ -44,10 +44,10 @@ class ServerConfig:
     # A shed request goes to the backend its body's `model` names (the rendered config reads it:
     # json_to_metadata), else the default route. 0: never shed. Buffered body mode only.
     max_in_flight: int = 128
-    # Also shed at the headers a request whose headers message waited this long before the router
-    # read it (from the gRPC deadline the rendered config gives each stream: envoy_stream_timeout_s):
-    # its body message would wait as long again, and Envoy's message timeout (message_timeout_ms)
-    # would pass it on unexamined. 0: never.
+    # Also shed at the headers a request that waited this long between Envoy sending it on and the
+    # router reading it (the rendered config stamps it: headers.SENT_AT): its body message would
+    # wait as long again, and Envoy's message timeout (message_timeout_ms) would pass it on
+    # unexamined. 0: never.
     shed_wait_ms: float = 250.0
 
     @property
@@ -78,11 +78,6 @@ class ServerConfig:
         Python, so the router's own fallback answers first and Envoy's timeout (failure_mode_allow)
         is only the backstop for a stuck router."""
         return int(self.deadline_ms + max(250.0, self.deadline_ms))
-
-    @property
-    def envoy_stream_timeout_s(self) -> float:
-        """The gRPC deadline the rendered config gives each ext_proc stream."""
-        return 2 * self.message_timeout_ms / 1000.0
         for model, base in self.base_models.items():
             require(isinstance(model, str) and isinstance(base, str) and bool(base), f"base_models.{model}",
                     "must name a base model")

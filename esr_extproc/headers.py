@@ -14,6 +14,11 @@ ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, T
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
 CACHE_KEEPER = "x-semantic-cache-keeper"
+# Set by the rendered config just before the router's filter (a Lua filter, after Envoy has dropped
+# every client's copy): when Envoy sent the request on to the router, in microseconds since the
+# epoch. How long it waited to be read is the router's overload signal (server.shed_wait_ms).
+# Removed before the backend.
+SENT_AT = "x-semantic-router-sent-at"
 # The Inference Extension's endpoint picker's choice of pod: its header, never the router's or a client's.
 EPP_DESTINATION = "x-gateway-destination-endpoint"
 # The dynamic-metadata namespace the router names a kept answer's entry in, for that keeper.

@@ -13,7 +13,7 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, EPP_DESTINATION, ROUTER_HEADERS
+from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, EPP_DESTINATION, ROUTER_HEADERS, SENT_AT
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
@@ -45,7 +45,7 @@ def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
 # A client's copies of the router's headers, the keeper's header (for the router only) and the
 # Inference Extension's endpoint picker's (never the router's to set, nor a client's) are removed
 # at the headers phase, with the standard headers the router is configured to set.
-_STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER, EPP_DESTINATION)
+_STRIPPED = (*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, EPP_DESTINATION)
 
 
 @functools.lru_cache(maxsize=16)  # built once per configuration, not per request

@@ -28,7 +28,7 @@ from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from esr_extproc.keeper import entry_token
 from esr_extproc.headers import (CACHE_KEEPER, CONFIDENCE, EPP_DESTINATION, LLM_PATHS, PINNED_NAMESPACE, REASON, ROUTE,
-                                 SCORE, SELECTED_MODEL, TIER, TRUNCATED)
+                                 SCORE, SELECTED_MODEL, SENT_AT, TIER, TRUNCATED)
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,13 @@ def _refuse(status: int, message: str, code: str) -> pb.ProcessingResponse:
     return replies.immediate(openai_error(status, message, code), {})
 
 
-def _waited_s(stream: "_Stream", server) -> float:
-    """How long the stream waited before the router read its first message: the part of the gRPC
-    deadline (server.envoy_stream_timeout_s, the rendered config's) already gone; 0 where unknown."""
-    remaining = stream.time_remaining()
-    return 0.0 if remaining is None else max(0.0, server.envoy_stream_timeout_s - remaining)
+def _waited_s(headers: dict[str, str]) -> float:
+    """How long the request waited between Envoy sending it on and the router reading it (the
+    rendered config's stamp, headers.SENT_AT; one host's clock, the sidecar's); 0 where unknown."""
+    try:
+        return max(0.0, time.time() - int(headers[SENT_AT]) / 1e6)
+    except (KeyError, ValueError):
+        return 0.0
 
 
 class _Stream:
@@ -74,7 +76,7 @@ class _Stream:
 
     __slots__ = ("started", "path", "method", "headers", "body", "encoding", "cache_tenant", "cache_key", "answer",
                  "answer_bytes", "sent_at", "cache_turn", "cache_view", "kept_by_envoy", "body_mode", "held_headers",
-                 "body_bytes", "unbuffered", "admitted", "time_remaining")
+                 "body_bytes", "unbuffered", "admitted")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -97,7 +99,6 @@ class _Stream:
         self.kept_by_envoy = False  # Envoy's keeper hands the answer back whole (keeper.py)
         self.body_mode = replies.BUFFERED  # as Envoy's first message says (protocol_config)
         self.admitted = False  # counted in the service's in_flight until its body is answered
-        self.time_remaining = lambda: None  # the gRPC call's (ServicerContext.time_remaining)
         self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.body_bytes = 0
         self.unbuffered = False  # streamed: the body came on in chunks, the override refused
@@ -167,7 +168,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
         self._streams.inc()
-        stream.time_remaining = context.time_remaining
         try:
             async for answer in self._process(request_iterator, stream):
                 yield answer
@@ -303,7 +303,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
             server = current.settings.server
             if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
-                    or (server.shed_wait_ms and _waited_s(stream, server) * 1000.0 > server.shed_wait_ms):
+                    or (server.shed_wait_ms and _waited_s(h) * 1000.0 > server.shed_wait_ms):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -536,20 +537,22 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
 
 
 def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_headers():
+    def sent(ago_s: float) -> tuple[str, str]:  # the rendered config's stamp (headers.SENT_AT)
+        return "x-semantic-router-sent-at", str(int((time.time() - ago_s) * 1e6))
+
     async def main():
         async with Harness({**CONFIG, "server": {"shed_wait_ms": 250}}) as h:
-            full = h.config.server.envoy_stream_timeout_s  # the deadline Envoy gives a stream it opens
-            # Half a second of the stream's deadline gone before the router reads its headers: it
-            # waited that long in line, and its body would wait as long again.
-            (shed,) = await h.exchange(read_by_envoy(headers_msg()), timeout=full - 0.5)
+            # Sent on half a second ago: it waited that long in line, and its body would wait as long again.
+            (shed,) = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.5)])))
             assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            assert "x-semantic-router-sent-at" in shed.request_headers.response.header_mutation.remove_headers
             assert h.service.in_flight == 0
-            answers = await h.exchange(read_by_envoy(headers_msg()), body_msg(chat("write a python function")),
-                                       timeout=full)
+            answers = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.01)])),
+                                       body_msg(chat("write a python function")))
             assert not answers[0].HasField("mode_override")
             assert set_headers(answers[1])["x-selected-model"] == "code-model"
-            # Without a deadline the wait is unknown: nothing is shed for it.
-            (kept,) = await h.exchange(read_by_envoy(headers_msg()))
-            assert not kept.HasField("mode_override")
+            for stamp in ((), [("x-semantic-router-sent-at", "garbage")]):  # unknown: nothing shed for it
+                (kept,) = await h.exchange(read_by_envoy(headers_msg(extra=stamp)))
+                assert not kept.HasField("mode_override")
 
     run(main())

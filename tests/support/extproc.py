@@ -102,9 +102,8 @@ class Harness:
         await self.server.stop(1)
         await self.batcher.aclose()
 
-    async def exchange(self, *messages, timeout: float | None = None) -> list[pb.ProcessingResponse]:
-        """`timeout`: the call's gRPC deadline (the rendered config sets server.envoy_stream_timeout_s)."""
-        call = self.stub.Process(timeout=timeout)
+    async def exchange(self, *messages) -> list[pb.ProcessingResponse]:
+        call = self.stub.Process()
         out = []
         for m in messages:
             await call.write(m)
