@@ -47,8 +47,10 @@ class ServerConfig:
     # Also shed at the headers a request that waited this long between Envoy sending it on and the
     # router reading it (the rendered config stamps it: headers.SENT_AT): its body message would
     # wait as long again, and Envoy's message timeout (message_timeout_ms) would pass it on
-    # unexamined. 0: never.
-    shed_wait_ms: float = 250.0
+    # unexamined. None: 60% of that timeout (600 ms at the default deadline; at c512 on 2 cores,
+    # 400 ms shed 70% of requests and 250 ms 94%, while no shedding let 1-2% pass: docs/static-tier.md).
+    # 0: never.
+    shed_wait_ms: float | None = None
 
     @property
     def gateway_headers(self) -> tuple[str, ...]:
@@ -70,14 +72,8 @@ class ServerConfig:
             require(value is None or bool(_HEADER.match(value)), name, "must be a lower-case header name")
         require(self.health_port is None or 1 <= self.health_port <= 65535, "health_port", "must be a port number")
         require(self.max_in_flight >= 0, "max_in_flight", "must not be negative (0: never shed)")
-        require(self.shed_wait_ms >= 0, "shed_wait_ms", "must not be negative (0: never shed)")
-
-    @property
-    def message_timeout_ms(self) -> int:
-        """Envoy's wait for each answer in the rendered config: the deadline plus headroom for gRPC and
-        Python, so the router's own fallback answers first and Envoy's timeout (failure_mode_allow)
-        is only the backstop for a stuck router."""
-        return int(self.deadline_ms + max(250.0, self.deadline_ms))
+        require(self.shed_wait_ms is None or self.shed_wait_ms >= 0, "shed_wait_ms",
+                "must not be negative (0: never shed)")
         for model, base in self.base_models.items():
             require(isinstance(model, str) and isinstance(base, str) and bool(base), f"base_models.{model}",
                     "must name a base model")
@@ -89,6 +85,18 @@ class ServerConfig:
         require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must not be negative")
         require(self.shutdown_delay_s >= 0, "shutdown_delay_s", "must not be negative")
         require(self.watch_config_s >= 0, "watch_config_s", "must not be negative")
+
+    @property
+    def shed_wait_s(self) -> float:
+        """shed_wait_ms resolved, in seconds (0: never)."""
+        return (0.6 * self.message_timeout_ms if self.shed_wait_ms is None else self.shed_wait_ms) / 1000.0
+
+    @property
+    def message_timeout_ms(self) -> int:
+        """Envoy's wait for each answer in the rendered config: the deadline plus headroom for gRPC and
+        Python, so the router's own fallback answers first and Envoy's timeout (failure_mode_allow)
+        is only the backstop for a stuck router."""
+        return int(self.deadline_ms + max(250.0, self.deadline_ms))
 
 
 @dataclass(frozen=True)

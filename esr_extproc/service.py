@@ -303,7 +303,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
             server = current.settings.server
             if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
-                    or (server.shed_wait_ms and _waited_s(h) * 1000.0 > server.shed_wait_ms):
+                    or (server.shed_wait_s and _waited_s(h) > server.shed_wait_s):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})
