@@ -17,7 +17,7 @@ $(STAMP): requirements.lock pyproject.toml
 # check looks at the weights only, esr_model/location.py). Its int8 graph only where this CPU
 # computes int8 exactly (README, "CPU requirements and int8"); fp32 on any CPU.
 MODELS := $(VENV)/.models
-$(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py
+$(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py esr_model/static_embedding.py
 	$(PY) -m esr_app export --config router.yaml --force
 	touch $(MODELS)
 
