@@ -19,7 +19,8 @@ ATTEMPTS: web.AppKey = web.AppKey("attempts", dict)
 
 # Request headers worth showing back, so tests can see what actually reached the backend.
 _ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length", "content-encoding",
-           "transfer-encoding", "x-gateway-model-name", "x-gateway-base-model-name", "x-ai-eg-model")
+           "transfer-encoding", "x-gateway-model-name", "x-gateway-base-model-name", "x-ai-eg-model",
+           "x-semantic-router-sent-at")
 
 
 def _echo(request: web.Request, raw: bytes, body: dict | None = None) -> dict:

@@ -309,6 +309,8 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 # cache": an authenticating filter placed before the router sets it).
                 "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, *config.server.gateway_headers,
                                           *_tenant_header(config)],
+                # The router removes its stamp when it answers; this also when it cannot (down, failed open).
+                "request_headers_to_remove": [SENT_AT],
                 "virtual_hosts": [
                     {
                         "name": "llm",

@@ -48,6 +48,7 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
         assert r.headers["x-mock-backend"] == "general-model"
         assert r.json()["model"] == "auto"
         assert "x-selected-model" not in r.json()["mock"]["headers"]
+        assert "x-semantic-router-sent-at" not in r.json()["mock"]["headers"]  # the stamp is for the router only
     # A body that pins a backend model still reaches it: Envoy reads `model` itself (json_to_metadata),
     # the same path a request the router sheds at its headers takes.
     for model in ("code-model", "math-model"):
