@@ -15,8 +15,6 @@ import numpy as np
 
 from esr_app.routing_build import static_encoder, static_tier, static_tier_on
 from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
-from router.classifier import RouteClassifier
-from router.static_tier import static_config
 from esr_settings import replace_at
 
 
@@ -289,7 +287,7 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
 
         fitted = fit_similarity_tier(result.config, embed, encode, routed)
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
-    tier = StaticTier(fitted.config, encode, RouteClassifier(static_config(fitted.config), encode, head=fitted.head))
+    tier = StaticTier(fitted.config, encode, fitted.head)
     return result, fitted.head, tier
 
 
@@ -371,8 +369,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             tier_fit = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
             result = dataclasses.replace(result, config=tier_fit.config, notes=result.notes + tier_fit.notes)
             static_head = tier_fit.head
-            static = StaticTier(tier_fit.config, encode,
-                                RouteClassifier(static_config(tier_fit.config), encode, head=tier_fit.head))
+            static = StaticTier(tier_fit.config, encode, tier_fit.head)
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)

@@ -9,7 +9,6 @@ included, and the decision from router.conversation.deciding_turn, as RoutingEng
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +21,7 @@ from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.conversation import deciding_turn
 from router.rules import RequestFacts, Rules
-from router.static_tier import ENCODER, StaticTier
+from router.static_tier import StaticTier
 from esr_tuning.calibration import conversation_examples
 from esr_tuning.fit import FitResult, fit, with_calibration
 from esr_tuning.jsonl import BadRecord, first_record, known_label, read_records
@@ -130,8 +129,8 @@ def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequen
         facts = d.facts or [RequestFacts()] * len(d.turns)
         for texts, fact in zip(d.routed(config), facts):
             decision = (rules.decide(texts[-1], fact) if rules else None) or (static.decide(texts) if static else None)
-            out.append(decision or dataclasses.replace(classifier.conversation_decision(
-                classifier.scores(np.stack([vectors[t] for t in texts])), gate), tier=ENCODER))
+            out.append(decision or classifier.conversation_decision(
+                classifier.scores(np.stack([vectors[t] for t in texts])), gate))
     return out
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -50,7 +49,7 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
     first, then the static tier where it stands (`static`: the cascade's first tier, None: off),
     then the classifier on its embedding (of routed_texts_of)."""
     rules = Rules(config)
-    decisions = [dataclasses.replace(d, tier=ENCODER) for d in classifier.classify_many(embeddings)]
+    decisions = classifier.classify_many(embeddings)
     if not rules and static is None:
         return decisions
     routed = routed_texts_of(config, texts)

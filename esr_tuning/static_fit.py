@@ -17,7 +17,7 @@ from esr_config import RouterConfig
 from router.classifier import RouteClassifier
 from router.head import LinearHead
 from router.conversation import deciding_turn
-from router.static_tier import margins, static_config
+from router.static_tier import margins, own_turn_lead, static_classifier
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from esr_tuning.fit import _train_head, label_indices, tune_thresholds
 
@@ -49,7 +49,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     on the held-out rest against `encoder`'s choices."""
     base = cleared(config)
     head, _, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
-    classifier = RouteClassifier(static_config(base), static_encode, head=head)
+    classifier = static_classifier(base, static_encode, head)
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
                                 encoder.choose(encoder.scores(embeddings[held])), label_indices(base, labels)[held])
     return StaticFit(fitted, head, notes)  # not retrained on the held-out part: see fit_conversation_tier
@@ -64,7 +64,7 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
     def score(cfg: RouterConfig, batch: list[str]) -> None:
         if batch:
             encoder = RouteClassifier(cfg, encode)
-            static_scores.append(RouteClassifier(static_config(cfg), static_encode).scores(static_encode(batch)))
+            static_scores.append(static_classifier(cfg, static_encode).scores(static_encode(batch)))
             choices.append(encoder.choose(encoder.scores(encode(batch))))
 
     for fold in range(FOLDS):
@@ -74,7 +74,7 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
             score(dataclasses.replace(base, routes=routes),
                   [u for r in base.routes for i, u in enumerate(r.utterances) if i % FOLDS == fold])
     score(base, list(texts))
-    fitted, notes = fit_margins(base, RouteClassifier(static_config(base), static_encode),
+    fitted, notes = fit_margins(base, static_classifier(base, static_encode),
                                 np.concatenate(static_scores), np.concatenate(choices))
     return StaticFit(fitted, None, notes)
 
@@ -154,18 +154,17 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     head = None
     if config.classifier.method == "head":
         head, _, _ = _train_head(base, embed(turns(train)[0]), turns(train)[1], None, 0.0, seed)
-    classifier = RouteClassifier(static_config(base), embed, head=head)
+    classifier = static_classifier(base, embed, head)
     texts = turns(tune)[0]
     tuned = with_thresholds(base, classifier, classifier.scores(embed(texts)),
                             encoder.choose(encoder.scores(np.stack([vectors[t] for t in texts]))))
-    classifier = RouteClassifier(static_config(tuned), embed, head=head)
+    classifier = static_classifier(tuned, embed, head)
     choices, lead, agree_with = [], [], []
     for d in tune:
         for routed in d.routed(config):
-            scores = classifier.scores(embed(list(routed)))
-            turn, choice = deciding_turn(classifier, scores, gate)
-            choices.append(choice if turn == len(scores) - 1 else -1)  # the tier leaves context decisions
-            lead.append(margins(classifier, scores[turn:turn + 1], np.asarray([choice]))[0])
+            choice, ahead = own_turn_lead(classifier, classifier.scores(embed(list(routed))), gate)
+            choices.append(choice)
+            lead.append(ahead)
             agree_with.append(deciding_turn(encoder, encoder.scores(np.stack([vectors[t] for t in routed])), gate)[1])
     # Judged on agreement, not accuracy: a conversation's turns carry their dialogue's label ("Yes."
     # under any domain), so accuracy forgives a static decision the encoder also gets wrong there,

@@ -27,6 +27,9 @@ class Decision:
     tier: str = ""
 
 
+ENCODER = "encoder"  # the tier a RouteClassifier decides as, unless told otherwise (router/static_tier.py)
+
+
 class Scorer(Protocol):
     def scores(self, embeddings: np.ndarray) -> np.ndarray:
         """(n, columns): one column per route, then the default route's when it is scored."""
@@ -42,8 +45,10 @@ class RouteClassifier:
     are on that scale.
     """
 
-    def __init__(self, config: RoutingConfig, encode: Encode, head: LinearHead | None = None):
+    def __init__(self, config: RoutingConfig, encode: Encode, head: LinearHead | None = None, tier: str = ENCODER):
+        """`tier`: what its decisions' `tier` says (x-semantic-route-tier)."""
         self.config = config
+        self.tier = tier
         self.routes = config.routes
         self.thresholds = np.asarray([config.threshold_of(r) for r in self.routes], dtype=np.float32)
         self.scorer, self.has_default_class = _scorer(config, encode, head)
@@ -77,12 +82,12 @@ class RouteClassifier:
                                                     float(self.thresholds[idx]))
             floor = self._min_confidence[idx]
             if floor is None or confidence >= floor:
-                return Decision(route.name, route.model, float(row[idx]), kind, confidence)
+                return Decision(route.name, route.model, float(row[idx]), kind, confidence, self.tier)
             reason = "low_confidence"
         x = features(row, -1, n, self.has_default_class)
         d = self.config.default_route
         score = float(row[-1] if self.has_default_class else row[:n].max())
-        return Decision(d.name, d.model, score, reason, self.calibrator.confidence("default", x, 0.0))
+        return Decision(d.name, d.model, score, reason, self.calibrator.confidence("default", x, 0.0), self.tier)
 
     def conversation_decision(self, scores: np.ndarray, gate: float | None) -> Decision:
         """The decision for one request's routed texts (rows of `scores`, oldest first): the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Awaitable, Callable, Sequence
 
@@ -15,7 +14,7 @@ from router.classifier import Decision, RouteClassifier
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import Rules
-from router.static_tier import ENCODER, StaticTier
+from router.static_tier import StaticTier
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +103,6 @@ class RoutingEngine:
                 return self.default(found[-1].reason)
             raise found[-1]
         scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
-        metrics.DECISIONS_BY_TIER.labels(ENCODER).inc()
-        return dataclasses.replace(self.classifier.conversation_decision(scores, self.config.conversation.gate),
-                                   tier=ENCODER)
+        decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
+        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+        return decided

@@ -15,12 +15,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from router.calibration import kind_of
-from router.classifier import Decision, RouteClassifier
+from router.classifier import ENCODER, Decision, RouteClassifier
 from router.config import RoutingConfig
 from router.conversation import deciding_turn
+from router.head import LinearHead
 
-STATIC, ENCODER = "static", "encoder"  # x-semantic-route-tier: which tier decided
+STATIC = "static"  # x-semantic-route-tier: which tier decided (the other: classifier.ENCODER)
+__all__ = ["ENCODER", "STATIC", "StaticTier", "margins", "own_turn_lead", "static_classifier", "static_config"]
 
 
 def static_config(config: RoutingConfig) -> RoutingConfig:
@@ -30,6 +31,25 @@ def static_config(config: RoutingConfig) -> RoutingConfig:
                    for r in config.routes)
     classifier = dataclasses.replace(config.classifier, head_path=st.head_path)
     return dataclasses.replace(config, routes=routes, classifier=classifier)
+
+
+def static_classifier(config: RoutingConfig, encode: Callable[[Sequence[str]], np.ndarray],
+                      head: LinearHead | None = None) -> RouteClassifier:
+    """The static tier's classifier for `config` (its decisions say tier static); `head`: a static
+    head already trained (fit), else static_tier.head_path's, else trained on the utterances."""
+    return RouteClassifier(static_config(config), encode, head=head, tier=STATIC)
+
+
+def own_turn_lead(classifier: RouteClassifier, scores: np.ndarray, gate: float | None) -> tuple[int, float]:
+    """For one request's routed texts (rows of `scores`, oldest first): the route the static tier
+    would decide, and by how much it leads (margins); -1 where it leaves the request to the encoder
+    whatever the margin: the default route, or a route carried from an earlier turn (whether the
+    request's own turn names nothing or a new topic is the encoder's call; SGD dev: static context
+    decisions cost the cascade 0.005). Serving and fit apply the same rule through this."""
+    turn, choice = deciding_turn(classifier, scores, gate)
+    if choice < 0 or turn != len(scores) - 1:
+        return -1, 0.0
+    return choice, float(margins(classifier, scores[turn:], np.asarray([choice]))[0])
 
 
 def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray,
@@ -57,29 +77,23 @@ def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray
 
 class StaticTier:
     def __init__(self, config: RoutingConfig, encode: Callable[[Sequence[str]], np.ndarray],
-                 classifier: RouteClassifier | None = None):
-        """`encode`: the static embedding (StaticEncoder.encode); `classifier`: its classifier when
-        already built (fit), else built here from static_config (a head trained at load needs torch)."""
+                 head: LinearHead | None = None):
+        """`encode`: the static embedding (StaticEncoder.encode); `head`: as static_classifier's
+        (a head trained at load needs torch)."""
         self.encode = encode
-        self.classifier = classifier or RouteClassifier(static_config(config), encode)
-        st = config.static_tier
-        # By choice: the routes, then the default route (index -1), which only the encoder decides:
-        # telling a prompt that belongs nowhere from one the static head knows too little of is
-        # what the transformer is for (a static default decision was right 34% of the time on a
-        # CLINC150 slice where the encoder's were right 100%).
-        self.accept = np.asarray([st.accept.get(r.name, np.inf) for r in config.routes] + [np.inf],
+        self.classifier = static_classifier(config, encode, head)
+        # A route with no fitted margin is the encoder's. The default route always is: telling a
+        # prompt that belongs nowhere from one the static head knows too little of is what the
+        # transformer is for (a static default decision was right 34% of the time on a CLINC150
+        # slice where the encoder's were right 100%); own_turn_lead never offers it.
+        self.accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes],
                                  dtype=np.float32)
         self.gate = config.conversation.gate
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
         scores = self.classifier.scores(self.encode(turns))
-        turn, choice = deciding_turn(self.classifier, scores, self.gate)
-        if turn != len(scores) - 1:
-            # Carried from an earlier turn: whether the request's own turn names nothing or a new
-            # topic is the encoder's call (SGD dev: static context decisions cost the cascade 0.005).
+        choice, lead = own_turn_lead(self.classifier, scores, self.gate)
+        if choice < 0 or lead < self.accept[choice]:
             return None
-        if margins(self.classifier, scores[turn:turn + 1], np.asarray([choice]))[0] < self.accept[choice]:
-            return None
-        decision = self.classifier.decision(scores[turn], choice, kind_of(choice, turn == len(scores) - 1))
-        return dataclasses.replace(decision, tier=STATIC)
+        return self.classifier.decision(scores[-1], choice, "matched")
