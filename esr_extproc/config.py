@@ -40,7 +40,7 @@ class ServerConfig:
     base_models: dict = field(default_factory=dict)  # backend model -> the base model it adapts
     # LLM calls a process routes at once (headers answered, body not yet): past it, a new one is shed
     # at its headers (reason fallback_overload, skip the body), before it costs the event loop a
-    # parse, so every message is still answered before Envoy's message timeout (docs/overload.md).
+    # parse, so every message is still answered before Envoy's message timeout (docs/static-tier.md#overload).
     # A shed request goes to the backend its body's `model` names (the rendered config reads it:
     # json_to_metadata), else the default route. 0: never shed. Buffered body mode only.
     max_in_flight: int = 128

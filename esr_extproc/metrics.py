@@ -27,5 +27,5 @@ STREAMS = Counter("semantic_router_ext_proc_streams_total",
                   "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
                   ["process"])
 SHED = Counter("semantic_router_shed_at_headers_total",
-               "LLM calls shed at their headers (server.max_in_flight reached): Envoy routes them on the body's "
-               "model itself, else to the default route.")
+               "LLM calls shed at their headers (server.max_in_flight reached, or waited past server.shed_wait_ms): "
+               "Envoy routes them on the body's model itself, else to the default route.")

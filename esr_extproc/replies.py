@@ -84,12 +84,12 @@ def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[st
     return pb.ProcessingResponse(request_headers=_strip(spoofed, also))
 
 
+_SKIP_BODY = _PM(request_body_mode=_PM.NONE)
+
+
 def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.ProcessingResponse:
     """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body."""
-    return pb.ProcessingResponse(
-        request_headers=_strip(spoofed, also),
-        mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
-    )
+    return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_SKIP_BODY)
 
 
 def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str]) -> pb.ProcessingResponse:
@@ -99,7 +99,7 @@ def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str
         request_headers=pb.HeadersResponse(response=pb.CommonResponse(
             header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=(*_STRIPPED, *also)),
             clear_route_cache=True)),
-        mode_override=processing_mode_pb2.ProcessingMode(request_body_mode=processing_mode_pb2.ProcessingMode.NONE),
+        mode_override=_SKIP_BODY,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_model.location import EXPORT_DIR, export_path, weights_digest
-from esr_model.truncation import Keep
+from esr_model.truncation import Keep, cut_ids
 
 log = logging.getLogger(__name__)
 
@@ -119,25 +119,16 @@ class StaticEncoder:
         self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.max_tokens = max_tokens - 2  # the encoder's window less [CLS] and [SEP]
+        self.max_tokens = max_tokens  # the encoder's window, [CLS] and [SEP] included
         self.keep = keep
         self.dimension = self.table.shape[1]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for i, text in enumerate(texts):  # one at a time: encode_batch's thread pool costs more than it saves here
-            ids = self._cut(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            # The tokens the encoder reads of it (its own cut), less [CLS] and [SEP], which say nothing.
+            ids = cut_ids(self.tokenizer.encode(text).ids, self.max_tokens, self.keep)[1:-1]
             if ids:
                 out[i] = self.table[ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms == 0, 1.0, norms)
-
-    def _cut(self, ids: list[int]) -> list[int]:
-        n = self.max_tokens
-        if len(ids) <= n:
-            return ids
-        if self.keep == "head":
-            return ids[:n]
-        if self.keep == "tail":
-            return ids[-n:]
-        return ids[: n // 2] + ids[len(ids) - (n - n // 2):]
