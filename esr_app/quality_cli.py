@@ -89,12 +89,19 @@ def _report(classifier, embeddings, data, config: RouterConfig, static=None) -> 
     decisions = decide_labelled(config, classifier, data.texts, embeddings, static)
     report = evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
     if static is not None:
-        alone = evaluate(data.labels, decide_labelled(config, classifier, data.texts, embeddings),
-                         list(config.route_names), config.default_route.name)
-        report["encoder_alone_accuracy"] = alone["accuracy"]
-        if alone.get("shifted"):
-            report["encoder_alone_shifted"] = alone["shifted"]["accuracy"]
+        _with_encoder_alone(report, config, data.labels, decide_labelled(config, classifier, data.texts, embeddings))
     return report
+
+
+def _with_encoder_alone(report: dict, config: RouterConfig, labels, alone) -> None:
+    """`report` (the cascade's) with the accuracy of `alone`, the same requests' decisions with the
+    static tier off, beside it."""
+    from esr_tuning.evaluation import evaluate
+
+    measured = evaluate(labels, alone, list(config.route_names), config.default_route.name)
+    report["encoder_alone_accuracy"] = measured["accuracy"]
+    if measured.get("shifted"):
+        report["encoder_alone_shifted"] = measured["shifted"]["accuracy"]
 
 
 def _dialogues(config: RouterConfig, path: Path):
@@ -114,8 +121,7 @@ def _conversation_report(config: RouterConfig, classifier, dialogues, vectors, s
     report = evaluate(table.labels, decisions, list(config.route_names), config.default_route.name)
     report["conversation"] = conversation_metrics(table, [d.route for d in decisions])
     if static is not None:
-        alone = predict(config, classifier, dialogues, vectors)
-        report["encoder_alone_accuracy"] = round(float(np.mean([d.route for d in alone] == np.asarray(table.labels))), 4)
+        _with_encoder_alone(report, config, table.labels, predict(config, classifier, dialogues, vectors))
     return report
 
 
@@ -338,9 +344,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     guard = _guard_data(config, args.data)
     if guard is not None:
         return cmd_fit_guard(args, config, guard)
-    static_head = None  # the cascade's first tier's head, fitted on {text, label} data
     if args.static_only:
         return _fit_static_only(args, config)
+    static_head = None  # the cascade's first tier's head, where fit trains one
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
                    head_score=None if args.head_score == "auto" else args.head_score,
