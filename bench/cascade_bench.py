@@ -1,15 +1,16 @@
 """The cascade (router/static_tier.py) against the encoder alone, each in a real router process (cache
 off, the default 500 ms deadline) on the same fitted config, behind its own Envoy whose routes
-answer directly, driven by `wrk` with held-out prompts (CLINC150 val, made unique per request);
-trials interleaved, so both see the same machine.
+answer directly, driven by `wrk` with held-out prompts (CLINC150 val as written, each body unique by
+its `user` member: see wrk_script); trials interleaved, so both see the same machine.
 
     python -m bench.cascade_bench [--config build/clinc150.fitted.yaml] [--trials 3] [--seconds 8]
                                   [--overload] [--out r.json]
 
 Per variant and trial: c1 (latency), c64 (throughput) and the router's CPU per routed request at
 c64 (user + system of its process tree, from /proc); with --overload also c512, counting the
-answers Envoy passed on without the router (no reason header: its message timeout fired). Checks the issue's targets: routed req/s at
-c64 >= 2.5x, CPU per routed request <= 0.4x, c1 p50 <= 0.5x, each best trial against best trial.
+answers Envoy passed on without the router (no reason header: its message timeout fired). Checks
+the issue's targets: routed req/s at c64 >= 2.5x, CPU per routed request <= 0.4x, c1 p50 <= 0.5x,
+each best trial against best trial; with --overload, the c512 rows.
 Needs wrk, envoy and a fitted config (make clinc150).
 """
 

@@ -111,7 +111,7 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
-    if config.envoy.request_body_mode == "buffered":
+    if config.envoy.reads_pinned_model:
         # Where the router chose nothing (it shed the request at its headers, failed or is down), a
         # body that names a backend model still reaches it (_pinned_model_reader); the rest, the default.
         routes += [
@@ -181,8 +181,8 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "allow_mode_override": True,
             # Where the router names a kept answer's entry for the cache keeper (_cache_keeper).
             "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE]},
-                                 **({"forwarding_namespaces": {"untyped": [PINNED_NAMESPACE]}} if not duplex
-                                    and config.envoy.request_body_mode == "buffered" else {})},
+                                 **({"forwarding_namespaces": {"untyped": [PINNED_NAMESPACE]}}
+                                    if config.envoy.reads_pinned_model else {})},
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
@@ -335,7 +335,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                     },
                 },
                 *([_cache_keeper(config)] if config.cache.enabled else []),
-                *([_pinned_model_reader(), _send_stamp()] if config.envoy.request_body_mode == "buffered" else []),
+                *([_pinned_model_reader(), _send_stamp()] if config.envoy.reads_pinned_model else []),
                 _ext_proc_filter(config),
                 _router_filter(),
             ],

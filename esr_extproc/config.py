@@ -159,6 +159,13 @@ class EnvoyConfig:
     # Extension HTTPRoute does.
     route_header: str | None = None
 
+    @property
+    def reads_pinned_model(self) -> bool:
+        """Whether the rendered config reads a body's `model` itself before the router (buffered mode:
+        Envoy holds the whole body then anyway), routes on it where the router chose nothing, and
+        stamps the request for the router's shedding."""
+        return self.request_body_mode == "buffered"
+
     def __post_init__(self):
         require(0 <= self.trusted_hops <= 10, "trusted_hops", "must be between 0 and 10")
         require(self.route_header is None or bool(_HEADER.match(self.route_header)), "route_header",
