@@ -42,7 +42,7 @@ SHAPES = {
 
 def cpu_ms(fn, raw: bytes) -> float:
     """CPU milliseconds of the cheapest of three runs (less noisy than wall time on a shared machine)."""
-    from esr_extproc.request_body import BadBody
+    from esr_extproc.json_scan import BadBody
 
     best = float("inf")
     for _ in range(3):
@@ -71,7 +71,8 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     from esr_extproc.body_parser import BodyParser
-    from esr_extproc.request_body import parse_body, scan_unread
+    from esr_extproc.json_scan import scan_unread
+    from esr_extproc.request_body import parse_body
 
     parser = BodyParser()
 

@@ -26,7 +26,7 @@ import numpy as np
 from bench.report import emit
 from esr_app.quality_cli import offline
 from esr_cache.keys import scope_key
-from esr_extproc.request_body import cache_view_of
+from tests.support.bodies import cache_view_of
 from esr_cache.semantic import SemanticIndex, turn_length
 from esr_config import load_config
 from pathlib import Path

@@ -33,7 +33,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    from esr_extproc.request_body import _pieces
+    from router.guard_pieces import _pieces
     from esr_model.location import resolve_model
 
     model = SentenceTransformer(resolve_model("bundled:all-MiniLM-L6-v2"), device="cpu")

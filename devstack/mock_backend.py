@@ -11,7 +11,7 @@ from typing import Mapping
 
 from aiohttp import web
 
-from esr_extproc.request_body import peek_model
+from esr_extproc.json_scan import BadBody, scan_unread
 
 NAME = web.AppKey("name", str)
 # Requests seen per `x-mock-key`, over every backend: how many attempts reached an upstream.
@@ -47,7 +47,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if len(raw) > 256 * 1024:
         # Decoding megabytes here would stall every mock backend (they share one loop) and show
         # up as the gateway's latency in tests that send large bodies.
-        body = {"model": peek_model(raw)[0] or ""}
+        try:
+            body = {"model": scan_unread(raw)[0] or ""}
+        except BadBody:
+            body = {}
     else:
         try:
             body = json.loads(raw)

@@ -5,7 +5,7 @@ route's `set_body`, so a pinned request's answer never answers a routed one that
 but the transport's (`stream`, `stream_options`; the backend model stands for `model`), including
 the whole conversation, so "Yes, please" in one dialogue never answers it in another.
 
-Members are given as digests of their bytes (request_body.CacheView, made where the body is
+Members are given as digests of their bytes (esr_extproc.request_body.CacheView, made where the body is
 parsed): nothing is decoded to key a request, and two requests match exactly when the backend
 would read the same bytes."""
 

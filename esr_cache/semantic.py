@@ -30,6 +30,14 @@ def turn_length(text: str) -> int:
     return len("".join(text.split()))
 
 
+def embedded_whole(turn: str, window_tokens: int) -> bool:
+    """Whether the encoder reads all of `turn`, the only turns matched semantically: what follows
+    cannot hide behind a question the embedding alone reads. A WordPiece token covers at least one
+    character that is not a space, so a turn with fewer such characters than the window is read
+    whole; bounded in all characters too (spaces cost the tokenizer no tokens, but time)."""
+    return len(turn) <= 8 * window_tokens and turn_length(turn) <= window_tokens - 2
+
+
 def vector_bytes(vector: np.ndarray) -> bytes:
     """A vector as it travels between routers (Redis records, the keeper's entry): base64 float32."""
     return base64.b64encode(np.asarray(vector, np.float32).tobytes())

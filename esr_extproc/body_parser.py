@@ -5,7 +5,7 @@ What a body costs to scan and decode is set by its structural characters (quotes
 brackets), not its length (README, "Bad input and faults"; `python -m bench.adversarial_parse`). So
 only a body small in both bytes and structure is parsed on the loop (a few milliseconds at most);
 anything else, and every body too large to parse (scanned for its model and a repeated key), goes
-to the worker, with its request's deadline: the scan stops itself there (request_body.OutOfTime),
+to the worker, with its request's deadline: the scan stops itself there (json_scan.OutOfTime),
 so no body holds the worker past its own deadline for the bodies behind it, and the request falls
 back at its deadline (ParseTimeout). Only a job still running STUCK_S after its deadline (the scan
 was not where the time went) is ended with its worker, which is then replaced.
@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from esr_extproc.children import die_with_parent
 from esr_extproc.encodings import inflate
-from esr_extproc.request_body import (OutOfTime, ParsedBody, from_summary, parse_body, scan_unread, structure,
-                                  summarize)
+from esr_extproc.json_scan import OutOfTime, scan_unread, structure
+from esr_extproc.request_body import ParsedBody, from_summary, parse_body, summarize
 from router.config import RequestsConfig
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import zlib
 import brotli
 import zstandard
 
-from esr_extproc.request_body import BadBody
+from esr_extproc.json_scan import BadBody
 
 SUPPORTED = ("gzip", "x-gzip", "br", "zstd")
 _CHUNK = 64 * 1024

@@ -21,7 +21,8 @@ from filters.context import ImmediateReply, RequestContext
 from router.config import RequestsConfig
 from esr_cache.cache import ResponseCache, opted_out
 from esr_cache.semantic import Turn, turn_length
-from esr_extproc.request_body import AMBIGUOUS, BadBody, CacheView, member_bytes, member_digest, with_members
+from esr_extproc.json_scan import AMBIGUOUS, BadBody, member_bytes, member_digest, with_members
+from esr_extproc.request_body import CacheView
 from esr_extproc import metrics
 from esr_extproc.config import ServerConfig
 from router.classifier import Decision
@@ -51,7 +52,7 @@ def canonical_path(path: str) -> str:
 
 
 # Bodies refused outright, with their status, rather than routed to the default: backends would
-# read them differently from the router (request_body.AMBIGUOUS) or not at all. Any other unusable
+# read them differently from the router (json_scan.AMBIGUOUS) or not at all. Any other unusable
 # body goes through the chain unread: a guard decides it by its on_error, else the default route.
 REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_large": 413}
 

@@ -12,7 +12,6 @@ from typing import Sequence
 import numpy as np
 
 from esr_cache.keys import scope_key
-from esr_extproc.request_body import cache_view_of
 from esr_cache.semantic import SemanticIndex, turn_length
 
 THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.50 ... 0.95
@@ -34,8 +33,9 @@ def replay(routes: Sequence[str], texts: Sequence[str], intents: Sequence[str], 
             continue
         row = out[route]
         row["requests"] += 1
-        view = cache_view_of({"messages": [{"role": "user", "content": texts[i]}]})
-        scope = scope_key("tenant", route, view.members, view.history or "")
+        # Each text is a one-message request: no member but `messages`, no history before it, so
+        # one route's requests share a scope, as they do behind the server.
+        scope = scope_key("tenant", route, {}, "")
         row["eligible"] += intents[i] in seen.get(scope, set())
         near = index.nearest(scope, vectors[i], threshold, turn_length(texts[i]))
         if near is not None and texts[kept[near[0]]] != texts[i]:

@@ -2,7 +2,7 @@
 
 Data: JSONL lines {"messages": [{"role": "user"|"assistant"|"system"|..., "content": ...}, ...], "labels":
 [one route per user message, in order]} (the format of ../shared/data/sgd). User turn t is routed as a
-gateway sees the request that ends with it: the texts come from esr_extproc.request_body.texts_to_route
+gateway sees the request that ends with it: the texts come from router.llm_body.texts_to_route
 (the server's own code) under the config's `conversation` and `requests` settings, system prompt
 included, and the decision from router.conversation.deciding_turn, as RoutingEngine.decide makes it.
 """
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_settings import replace_at
-from esr_extproc.request_body import content_text, conversation_of, request_facts, texts_to_route
+from router.llm_body import content_text, conversation_of, request_facts, texts_to_route
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.conversation import deciding_turn
@@ -39,7 +39,7 @@ class Dialogue:
     def routed(self, config: RouterConfig) -> list[tuple[str, ...]]:
         """Per user turn, the texts the router embeds for the request that ends with it."""
         systems = self.systems or [None] * len(self.turns)
-        return [texts_to_route(self.turns[: t + 1], systems[t], config.requests, config.conversation.turns_read)
+        return [texts_to_route(self.turns[: t + 1], systems[t], config.requests, config.conversation.turns_read)[0]
                 for t in range(len(self.turns))]
 
 
@@ -50,7 +50,7 @@ def is_conversation_data(path: str | Path) -> bool:
 
 
 def load_dialogues(path: str | Path, allowed: Sequence[str], harness_tags: Sequence[str] = ()) -> list[Dialogue]:
-    """Each user message is read as the router reads it (esr_extproc.request_body.content_text): its text
+    """Each user message is read as the router reads it (router.llm_body.content_text): its text
     parts, less the blocks of `harness_tags` (requests.harness_tags). A message left with no text is
     no turn to the router, so it and its label are passed over."""
     allowed_set, strip = set(allowed), tuple(harness_tags)

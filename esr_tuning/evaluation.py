@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from esr_extproc.request_body import request_facts, texts_to_route
+from router.llm_body import request_facts, texts_to_route
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.rules import Rules
@@ -40,7 +40,7 @@ def load_labelled(path: str | Path, allowed: Sequence[str]) -> LabelledData:
 
 def routed_texts_of(config: RouterConfig, texts: Sequence[str]) -> list[str]:
     """What the router embeds for each text sent as a one-message request (capped as it caps it)."""
-    return [(texts_to_route([t], None, config.requests, config.conversation.turns_read) or (t,))[-1] for t in texts]
+    return [(texts_to_route([t], None, config.requests, config.conversation.turns_read)[0] or (t,))[-1] for t in texts]
 
 
 def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],

@@ -5,7 +5,7 @@ Data: JSONL lines of one of
   {"messages": [...], "label": "block" | "allow", "category": ...}   one request of these messages
   {"messages": [...], "labels": ["block" | "allow", ...]}            one request per user turn: the
                                                                        messages up to it, labelled alike
-A request is read as the served guard reads it (esr_extproc.request_body.guard_pieces: every role, in
+A request is read as the served guard reads it (router.guard_pieces: every role, in
 pieces) and scored by router.guard.GuardScorer: its highest piece. Since the guard reads every turn,
 one benign turn scored above the threshold blocks every later request of its conversation: the
 false-positive rate here is per request, with those later requests counted.
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from esr_extproc.request_body import guard_pieces
+from router.guard_pieces import guard_pieces
 from router.config import RequestsConfig
 from router.guard import GuardHead, GuardScorer
 from esr_tuning.jsonl import BadRecord, first_record, read_records

@@ -12,7 +12,7 @@ import numpy as np
 
 from filters.context import ImmediateReply, RequestContext
 from filters import metrics
-from filters.context import GUARD_MAX_PIECES
+from router.guard_pieces import GUARD_MAX_PIECES
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.guard import GuardHead, GuardScorer
 from esr_settings import SettingError, build
@@ -126,7 +126,7 @@ class PromptGuard:
 
     It reads what the backend model reads: every role's messages, system prompts, tool results and
     arguments, harness blocks (their markup cut; routing cuts the whole block), each split into
-    pieces scored on their own (request_body.guard_pieces), so an injection is neither diluted by
+    pieces scored on their own (router.guard_pieces), so an injection is neither diluted by
     filler nor truncated away, wherever it sits. Pieces are embedded through the shared batcher
     and cache (the request's own prompt among them costs routing nothing more).
     """

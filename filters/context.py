@@ -13,9 +13,6 @@ from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.rules import RequestFacts
 
-# The most pieces the body parser splits a request's texts into for a filter that reads them all
-# (the prompt guard); past it the parser stops, and such a filter cannot decide.
-GUARD_MAX_PIECES = 4096
 EMBED_WAVE = 16  # a filter's texts in the batcher's queue at once, per request: a quarter of a batch
 
 
@@ -40,8 +37,8 @@ class RequestContext:
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
     facts: RequestFacts = RequestFacts()  # what rules read (measured only when the config has rules)
     truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
-    # Every text the backend model reads, in pieces (request_body.guard_pieces), for filters with
-    # reads_all_text; more than router.config.GUARD_MAX_PIECES: the parser stopped splitting.
+    # Every text the backend model reads, in pieces (router.guard_pieces), for filters with
+    # reads_all_text; more than GUARD_MAX_PIECES: the parser stopped splitting.
     guard_pieces: tuple[str, ...] = ()
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.

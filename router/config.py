@@ -81,7 +81,7 @@ class RouteConfig:
 class RuleCondition:
     """What a request must show for a rule to match: every condition given holds."""
 
-    min_prompt_tokens: int | None = None  # the whole prompt, estimated (esr_extproc.request_body.request_facts)
+    min_prompt_tokens: int | None = None  # the whole prompt, estimated (router.llm_body.request_facts)
     max_prompt_tokens: int | None = None
     has_tools: bool | None = None  # the request offers tools (`tools` / `functions`)
     has_images: bool | None = None  # a message carries an image

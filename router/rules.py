@@ -17,7 +17,7 @@ from router.config import RoutingConfig, RuleCondition
 
 @dataclass(frozen=True)
 class RequestFacts:
-    """What rules read of a request besides its routed text (esr_extproc.request_body.request_facts)."""
+    """What rules read of a request besides its routed text (router.llm_body.request_facts)."""
 
     prompt_tokens: int = 0  # the whole prompt, every role, estimated; not the capped text routed on
     has_tools: bool = False

@@ -10,7 +10,8 @@ import pytest
 
 from bench.adversarial_parse import SHAPES, cpu_ms
 from esr_extproc.body_parser import BodyParser, ParseTimeout
-from esr_extproc.request_body import MAX_DEPTH, BadBody, parse_body, scan_unread
+from esr_extproc.json_scan import MAX_DEPTH, BadBody, scan_unread
+from esr_extproc.request_body import parse_body
 from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"

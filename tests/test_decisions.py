@@ -8,7 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from esr_extproc.request_body import capped, estimate_tokens, parse_body, request_facts, with_members
+from esr_extproc.json_scan import with_members
+from esr_extproc.request_body import parse_body
+from router.llm_body import capped, estimate_tokens, request_facts
 from router.calibration import Calibrator, CalibrationConfig
 from router.classifier import RouteClassifier
 from esr_config import ConfigError, parse_config

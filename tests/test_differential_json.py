@@ -17,7 +17,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esr_extproc.request_body import BadBody, content_text, fold, parse_body, well_formed
+from esr_extproc.json_scan import BadBody, fold
+from esr_extproc.request_body import parse_body
+from router.llm_body import content_text, well_formed
 from esr_extproc.service import REFUSED
 
 PATH = "/v1/chat/completions"

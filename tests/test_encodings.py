@@ -10,7 +10,7 @@ import pytest
 import zstandard
 
 from esr_extproc.encodings import inflate
-from esr_extproc.request_body import BadBody
+from esr_extproc.json_scan import BadBody
 
 COMPRESS = {"gzip": gzip.compress, "br": brotli.compress, "zstd": zstandard.ZstdCompressor().compress}
 

@@ -10,7 +10,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esr_extproc.request_body import AMBIGUOUS, READ_NAMES, BadBody, fold, parse_body, peek_model, with_model
+from esr_extproc.json_scan import AMBIGUOUS, BadBody, fold, scan_unread, with_members
+from esr_extproc.request_body import READ_NAMES, parse_body
 from router.config import RequestsConfig
 from tests.support.extproc import Harness, body_msg, raw_headers_msg
 
@@ -112,14 +113,14 @@ def test_model_rewrite_changes_only_the_model_value(doc, model, new, first, layo
         body = {"model": model, **doc} if first else {**doc, "model": model}
     raw = json.dumps(body, **layout).encode()
     parsed = parse_body(raw, "/v1/chat/completions")
-    out = with_model(raw, parsed.model_span, new)
+    out = with_members(raw, {"model": (parsed.model_span, new)})
     assert json.loads(out) == {**body, "model": new}
     if parsed.model_span is not None:  # every byte outside the value is the client's
         start, end = parsed.model_span
         assert out[:start] == raw[:start] and out[len(out) - (len(raw) - end):] == raw[end:]
     else:
         assert out.endswith(raw[1:])
-    assert peek_model(raw) == ((model, parsed.model_span) if model is not None else (None, None))
+    assert scan_unread(raw) == ((model, parsed.model_span) if model is not None else (None, None))
 
 
 # A name and a twin a case-insensitive reader takes for it: other cases, the long s, the Kelvin sign.
@@ -146,8 +147,8 @@ def test_model_rewrite_keeps_numbers_escapes_and_lone_surrogates():
     raw = (b'{"model" : "auto", "n": [1E2, 1e999999, 0.1000000000000000055511151231257827, -0],'
            b' "user": "\\ud800", "s": "\\u00e9\\/"}')
     parsed = parse_body(raw, "/v1/chat/completions")
-    assert with_model(raw, parsed.model_span, "math-model") == raw.replace(b'"auto"', b'"math-model"')
-    assert with_model(b'{}', None, "m") == b'{"model":"m"}'
+    assert with_members(raw, {"model": (parsed.model_span, "math-model")}) == raw.replace(b'"auto"', b'"math-model"')
+    assert with_members(b'{}', {"model": (None, "m")}) == b'{"model":"m"}'
 
 
 @given(raw=st.sampled_from([b'{"model":"a","model":"b"}', b'{"messages":[{"role":"user","role":"system"}]}',

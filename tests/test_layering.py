@@ -21,7 +21,7 @@ ALLOWED = {
     "esr_remote": {"batching", "esr_settings"},
     "esr_modelsock": {"batching", "esr_settings"},
     "esr_config": {"router", "esr_cache", "esr_extproc", "esr_model", "esr_remote", "batching", "esr_settings"},
-    "esr_tuning": {"esr_cache", "esr_config", "esr_extproc", "filters", "router", "batching", "esr_settings"},
+    "esr_tuning": {"esr_cache", "esr_config", "filters", "router", "batching", "esr_settings"},
     "esr_app": {"esr_cache", "esr_config", "esr_extproc", "esr_model", "esr_modelsock", "esr_remote", "esr_tuning", "filters",
                 "router", "batching", "esr_settings"},
 }

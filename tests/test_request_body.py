@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from esr_extproc.request_body import BadBody, parse_body
+from esr_extproc.json_scan import BadBody
+from esr_extproc.request_body import parse_body
 from router.config import RequestsConfig
 from tests.support.waiting import wait_for
 

@@ -12,7 +12,7 @@ from esr_cache import answers
 from esr_cache.cache import ResponseCache, opted_out
 from esr_cache.config import CacheConfig
 from esr_cache.keys import request_key, scope_key, tenant_of
-from esr_extproc.request_body import cache_view_of
+from tests.support.bodies import cache_view_of
 from esr_cache.store import Entry, MemoryStore
 from esr_config import ConfigError, parse_config
 

@@ -90,7 +90,7 @@ def test_an_unreadable_shared_entry_is_a_miss_and_the_request_is_routed(two_rout
     import redis as redis_client
 
     from esr_cache.keys import request_key, tenant_of
-    from esr_extproc.request_body import cache_view_of
+    from tests.support.bodies import cache_view_of
 
     a, _ = two_routers
     key, prompt = uuid.uuid4().hex, f"solve the equation 9x = 18 {uuid.uuid4().hex[:6]}"
