@@ -87,7 +87,7 @@ def _backend_cluster(b: BackendConfig, ca_bundle: str) -> dict:
 def llm_path_regex() -> str:
     """The routed paths as Envoy matches them (after its normalisation: merged slashes, escaped
     slashes decoded): any case, any prefix, a trailing slash or `;params` (also escaped) allowed,
-    which is how the most lenient backend reads them (see service.canonical_path)."""
+    which is how the most lenient backend reads them (see esr_extproc.stream.canonical_path)."""
     names = "|".join(p.removeprefix("/v1/") for p in LLM_PATHS)
     return f"(?i)(/.*)?/v1/({names})/?((;|%3b).*)?"
 

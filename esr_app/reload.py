@@ -15,8 +15,16 @@ from esr_config import RouterConfig, load_config
 
 log = logging.getLogger(__name__)
 
-# Sections a running process cannot swap: they shape the model and the sockets.
+# Sections a running process cannot swap: they shape the model and the sockets. Of the cache only
+# its store is (CacheConfig.reloaded): its matching policy names routes, and swaps with them.
 RESTART_ONLY = ("encoder", "batching", "server", "cache")
+
+
+def _running_part(config: RouterConfig, name: str, like: RouterConfig):
+    """What of section `name` a running process keeps: all of it, or of the cache all but what
+    `like` says of its matching policy."""
+    section = getattr(config, name)
+    return section.reloaded(like.cache) if name == "cache" else section
 
 
 class ConfigReloader:
@@ -40,12 +48,13 @@ class ConfigReloader:
                 from_file = load_config(self.path)
                 swap = (self._can_swap_model and from_file.encoder != self._from_file.encoder
                         and from_file.encoder.socket is None)
-                frozen = [n for n in RESTART_ONLY if getattr(from_file, n) != getattr(self._from_file, n)
+                frozen = [n for n in RESTART_ONLY
+                          if _running_part(from_file, n, from_file) != _running_part(self._from_file, n, from_file)
                           and not (n == "encoder" and swap)]
                 if frozen:
                     log.warning("config sections changed that need a restart; keeping their running values",
                                 extra={"sections": frozen})
-                kept = {n: getattr(self._running, n) for n in RESTART_ONLY}
+                kept = {n: _running_part(self._running, n, from_file) for n in RESTART_ONLY}
                 if swap:
                     kept["encoder"] = from_file.encoder
                 new = dataclasses.replace(from_file, **kept)

@@ -14,7 +14,7 @@ import numpy as np
 from batching import DeadlineExceeded, Embedder, Overloaded
 from esr_app.embedding import runtime
 from esr_config import RouterConfig
-from esr_extproc.service import ServiceSettings, Serving
+from esr_extproc.serving import ServiceSettings, Serving
 from esr_model.torch_threads import on_own_thread
 from filters.chain import FilterChain
 from router.classifier import RouteClassifier
@@ -85,7 +85,7 @@ def service_settings(config: RouterConfig) -> ServiceSettings:
     return ServiceSettings(deadline_s=config.server.deadline_ms / 1000.0, requests=config.requests,
                            max_request_headers=config.envoy.max_request_headers,
                            max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts,
-                           server=config.server)
+                           server=config.server, cache=config.cache)
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose

@@ -26,7 +26,8 @@ from esr_app.reload import ConfigReloader
 from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
-from esr_extproc.service import ExtProcService, Serving
+from esr_extproc.service import ExtProcService
+from esr_extproc.serving import Serving
 from esr_extproc.keeper import CacheKeeper
 from filters.chain import FilterChain
 from esr_modelsock.client import ModelClient

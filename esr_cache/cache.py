@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from esr_cache import answers, metrics
 from esr_cache.config import CacheConfig
-from esr_cache.keys import request_key, scope_key, tenant_of
+from esr_cache.keys import tenant_of
 from esr_cache.semantic import SemanticIndex, Turn
 from esr_cache.store import Entry, MemoryStore, StoreUnavailable
 
@@ -80,14 +80,6 @@ class ResponseCache:
 
     def tenant(self, headers: Mapping[str, str]) -> str:
         return tenant_of(headers, self.config.tenant_header)
-
-    def key(self, tenant: str, model: str, members: Mapping[str, str]) -> str:
-        """The key of a request routed to `model`, the members it is forwarded with as digests."""
-        return request_key(tenant, model, members)
-
-    def scope(self, tenant: str, model: str, route: str, members: Mapping[str, str], history: str) -> str | None:
-        """The scope a request may match semantically in, when its route is one of `semantic_routes`."""
-        return scope_key(tenant, model, members, history) if route in self.config.semantic else None
 
     async def lookup(self, key: str, stream: bool, turn: Turn | None = None,
                      threshold: float | None = None) -> tuple[bytes, dict[str, str]] | None:

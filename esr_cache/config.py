@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from esr_settings import require
 
@@ -35,6 +36,14 @@ class CacheConfig:
     # Route -> its own threshold (written by `fit` on data with intents); a route named here needs
     # no entry in semantic_routes.
     semantic_thresholds: dict = field(default_factory=dict)
+
+    # What a reload takes from the file, with the routes these name (esr_app/reload.py); the rest
+    # (the store, its sizes, the tenant header the rendered Envoy config strips) needs a restart.
+    RELOADED: ClassVar[tuple[str, ...]] = ("semantic_routes", "semantic_threshold", "semantic_thresholds")
+
+    def reloaded(self, from_file: CacheConfig) -> CacheConfig:
+        """This running section with the file's matching policy."""
+        return dataclasses.replace(self, **{name: getattr(from_file, name) for name in self.RELOADED})
 
     @property
     def semantic(self) -> frozenset[str]:

@@ -19,6 +19,11 @@ from typing import Any, Mapping
 _TRANSPORT = frozenset({"model", "stream", "stream_options"})
 
 
+def member_digest(value: bytes) -> str:
+    """A body member's value as the key holds it: a digest of its bytes as forwarded."""
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
+
+
 def tenant_of(headers: Mapping[str, str], header: str | None) -> str:
     """A hash of the tenant's credential (never the credential itself: keys may be listed)."""
     value = headers.get(header or "authorization", "")

@@ -5,7 +5,6 @@ values replaced byte-exact, every other byte as the client sent it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -21,10 +20,6 @@ class BadBody(ValueError):
 
     def __reduce__(self):  # crosses from the body-parsing worker process intact
         return BadBody, (self.kind, str(self))
-
-
-def member_digest(value: bytes) -> str:
-    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
 def member_bytes(value: Any) -> bytes:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from esr_cache.keys import last_user_text
+from esr_cache.exchange import CacheView
+from esr_cache.keys import last_user_text, member_digest
 from esr_cache.semantic import embedded_whole
 from esr_extproc.json_scan import (BadBody, DuplicateKey, LazyObject, byte_span, decode_value, duplicate_key,
-                                   element_starts, fold, member_digest, top_level, utf8_text)
+                                   element_starts, fold, top_level, utf8_text)
 from router.config import RequestsConfig
 from router.guard_pieces import as_read, guard_pieces
 from router.llm_body import conversation_of, request_facts, texts_to_route, well_formed
@@ -30,19 +31,6 @@ class ParsedBody:
     facts: RequestFacts | None = None  # request_facts, when asked for
     truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
     cache: CacheView | None = None  # when asked for
-
-
-@dataclass(frozen=True)
-class CacheView:
-    """What the response cache keys a body on, made where the body is parsed (for a large body, in
-    the parser's worker), so keying decodes nothing on the event loop: a digest of each top-level
-    member's bytes as sent, of the conversation before its last message, and that message's text
-    when it is a plain user turn the encoder reads whole (the only turns matched semantically)."""
-
-    members: dict[str, str]  # name -> member_digest of its value's bytes
-    history: str | None  # digest of `messages` up to its last element; None: no list of messages
-    last_turn: str | None
-    stream: bool
 
 
 def cache_view(text: str, data: LazyObject, window_tokens: int) -> CacheView:

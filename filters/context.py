@@ -43,9 +43,6 @@ class RequestContext:
     # Why the body was not read (body_too_large): then `body` is empty, `prompt` None, and
     # `requested_model` what could be peeked at.
     unread: str | None = None
-    raw: bytes = b""  # the body as the client sent it (inflated, when it came with a content-encoding)
-    inflated: bool = False  # raw was inflated: the backend gets it plain
-    model_span: tuple[int, int] | None = None  # where its top-level `model` value sits in `raw`
     decision: Decision | None = None
     rewrite_model: bool = False  # set by the model policy: write the chosen model into the body
     body_changed: bool = False

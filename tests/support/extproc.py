@@ -17,7 +17,8 @@ from esr_app.routing_build import service_settings
 from esr_config import parse_config
 from esr_extproc.headers import PINNED_NAMESPACE
 from esr_extproc.keeper import CacheKeeper
-from esr_extproc.service import ExtProcService, Serving
+from esr_extproc.service import ExtProcService
+from esr_extproc.serving import Serving
 from filters.chain import FilterChain
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine

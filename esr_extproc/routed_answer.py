@@ -1,0 +1,77 @@
+"""The answer to a request once its filters have decided: the router's headers and the body as it
+is forwarded, a filter's immediate reply, a cached answer, or a refusal straight from the gateway."""
+
+from __future__ import annotations
+
+import logging
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from esr_extproc import metrics, replies
+from esr_extproc.body_rewrite import WireBody, forwarded_body
+from esr_extproc.headers import CONFIDENCE, REASON, ROUTE, SCORE, SELECTED_MODEL, TIER, TRUNCATED
+from esr_extproc.serving import ServiceSettings
+from filters.builtin import openai_error
+from filters.context import ImmediateReply, RequestContext
+from router.classifier import Decision
+
+log = logging.getLogger(__name__)
+
+
+def refusal(status: int, message: str, code: str) -> pb.ProcessingResponse:
+    """An OpenAI-style error straight from the gateway; the request reaches no backend."""
+    metrics.REQUESTS.labels("rejected").inc()
+    return replies.immediate(openai_error(status, message, code), {})
+
+
+def cache_hit(body: bytes, headers: dict[str, str], decision: Decision) -> pb.ProcessingResponse:
+    metrics.REQUESTS.labels("cache_hit").inc()
+    route = {ROUTE: decision.route, SELECTED_MODEL: decision.model, REASON: decision.reason}
+    return replies.immediate(ImmediateReply(200, body, headers), route, details="semantic_cache_hit")
+
+
+def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision, settings: ServiceSettings,
+           at_headers: bool = False) -> pb.ProcessingResponse:
+    """`ctx` None: decided at the headers, with no body to read."""
+    if ctx is not None and ctx.immediate is not None:
+        metrics.REQUESTS.labels("rejected").inc()
+        return replies.immediate(ctx.immediate, _safe_extra(ctx))
+    metrics.REQUESTS.labels(decision.reason).inc()
+    metrics.ROUTE_DECISIONS.labels(decision.route).inc()
+    headers = {
+        SELECTED_MODEL: decision.model,
+        ROUTE: decision.route,
+        SCORE: f"{decision.score:.4f}",
+        REASON: decision.reason,
+        CONFIDENCE: f"{decision.confidence:.4f}",
+        **settings.server.standard_headers(decision.model),
+    }
+    if decision.tier:
+        headers[TIER] = decision.tier
+    new_body = None
+    if ctx is not None and wire is not None:
+        headers = {**_safe_extra(ctx), **headers}
+        if ctx.truncated:
+            metrics.PROMPT_TRUNCATED.inc()
+            headers[TRUNCATED] = settings.requests.truncate  # which part was routed on
+        new_body = forwarded_body(ctx, wire, decision)
+        if settings.log_prompts:
+            log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
+    if new_body is not None:
+        headers["content-length"] = str(len(new_body))
+    if at_headers:
+        return replies.headers_routed(headers)
+    plain = wire is not None and wire.inflated
+    return replies.body_routed(headers, new_body, remove=("content-encoding",) if plain else ())
+
+
+def _safe_extra(ctx: RequestContext) -> dict[str, str]:
+    ok = {}
+    for name, value in ctx.extra_headers.items():
+        # x-gateway-*: the Inference Extension's (the endpoint picker's among them), never a filter's
+        if replies.valid_header(name, value) and name not in replies.ROUTER_HEADERS \
+                and not name.startswith("x-gateway-"):
+            ok[name] = value
+        else:
+            log.warning("filter header dropped", extra={"header": name[:64]})
+    return ok
