@@ -16,12 +16,13 @@ from esr_cache.exchange import CacheExchange
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.body_rewrite import set_body
-from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON, SENT_AT
+from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
 from esr_extproc.json_scan import AMBIGUOUS, BadBody, member_bytes
 from esr_extproc.keeper import entry_token
 from esr_extproc.request_reader import ReadRequest, read_request, unread
 from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
+from esr_extproc.shedding import overloaded
 from esr_extproc.stream import RequestStream, canonical_path
 from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
@@ -35,15 +36,6 @@ HEADER_HEADROOM = 8
 # read them differently from the router (json_scan.AMBIGUOUS) or not at all. Any other unusable
 # body goes through the chain unread: a guard decides it by its on_error, else the default route.
 REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_large": 413}
-
-
-def _waited_s(headers: dict[str, str]) -> float:
-    """How long the request waited between Envoy sending it on and the router reading it (the
-    rendered config's stamp, headers.SENT_AT; one host's clock, the sidecar's); 0 where unknown."""
-    try:
-        return max(0.0, time.time() - int(headers[SENT_AT]) / 1e6)
-    except (KeyError, ValueError):
-        return 0.0
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -198,9 +190,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
-            server = current.settings.server
-            if (server.max_in_flight and self.in_flight >= server.max_in_flight) \
-                    or (server.shed_wait_s and _waited_s(h) > server.shed_wait_s):
+            if overloaded(current.settings.server, self.in_flight, h):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})
