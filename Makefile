@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test-duplex test-streamed run test check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
+.PHONY: test-duplex test-streamed run test test-fast check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): requirements.lock pyproject.toml
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
 # directory: made again when the code that makes it changes (--force: the export's own staleness
 # check looks at the weights only, esr_model/location.py). Its int8 graph only where this CPU
-# computes int8 exactly (README, "CPU requirements and int8"); fp32 on any CPU.
+# computes int8 exactly (docs/benchmarks.md, "CPU requirements and int8"); fp32 on any CPU.
 MODELS := $(VENV)/.models
 $(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py esr_model/static_embedding.py
 	$(PY) -m esr_app export --config router.yaml --force
@@ -50,7 +50,7 @@ infinity: $(INFINITY)
 
 # What the cpu image installs, without Docker: a fresh venv from the runtime lock alone (hash-checked,
 # no torch), and the bundled model's ONNX export copied in as the image copies it from its export
-# stage. tests/test_image.py installs the image's copied tree into it and serves from it.
+# stage. tests/deploy/test_image.py installs the image's copied tree into it and serves from it.
 IMAGE_VENV := build/image-venv/.installed
 $(IMAGE_VENV): requirements-runtime.lock $(MODELS)
 	rm -rf build/image-venv && $(PYTHON) -m venv build/image-venv
@@ -64,13 +64,15 @@ image-venv: $(IMAGE_VENV)
 # Lint (ruff: pyflakes and pycodestyle errors) over everything the project ships or runs, and a type
 # check (mypy) of the product's rooms, where the Backend / Embedder / Observer protocols are checked
 # against what implements them. Both configured in pyproject.toml.
-ROOMS := esr_app esr_cache esr_config esr_extproc esr_model esr_modelsock esr_remote esr_settings esr_tuning batching filters router
+# The product's rooms: every package but the tests' and benches' (tests/project/test_layering.py lists them,
+# with what each may import).
+ROOMS := $(filter-out bench tests,$(patsubst %/__init__.py,%,$(wildcard */__init__.py)))
 check: $(STAMP)
 	$(VENV)/bin/ruff check $(ROOMS) devstack bench tests examples
 	$(VENV)/bin/mypy $(ROOMS)
 
 # Two workers (pytest-xdist), a test module each at a time: most of the suite waits on processes it
-# started (Envoy, routers, Infinity, the CLI), so two share the 2-core machine well (README, "Development").
+# started (Envoy, routers, Infinity, the CLI), so two share the 2-core machine well (docs/development.md).
 PYTEST_WORKERS ?= 2
 # Then the routing, edge, guard and cache checks through Envoy again with full-duplex request
 # bodies (the Inference Extension's mode) and with streamed ones (Envoy Gateway's Streamed): every
@@ -88,6 +90,12 @@ test-duplex: $(STAMP) $(MODELS)
 
 test-streamed: $(STAMP) $(MODELS)
 	ESR_STACK_BODY_MODE=streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(MODE_TESTS)
+
+# The inner loop: every test that starts no process or real tool (the `processes` marker;
+# tests/conftest.py fails a test that starts one unmarked) and takes no seconds alone (`slow`),
+# under a minute on two cores.
+test-fast: $(STAMP) $(MODELS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not processes and not slow" $(PYTEST_ARGS)
 
 test-unit: $(STAMP) $(MODELS) tools
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
@@ -168,7 +176,7 @@ sgd: $(STAMP) $(MODELS)
 	$(VENV)/bin/semantic-router eval --config build/sgd.fitted.yaml --data $(SGD)/dev.jsonl
 
 # A prompt guard fitted on public data (bastioncorpus 0.6.0, MIT: attacks and hard negatives; CLINC150
-# and SGD train: benign), judged on what it was not fitted on (CLINC150 val, SGD dev; README "Prompt guard").
+# and SGD train: benign), judged on what it was not fitted on (CLINC150 val, SGD dev; docs/decisions.md, "Prompt guard, measured").
 guard: $(STAMP) $(MODELS)
 	$(PY) examples/guard/build_data.py --clinc $(CLINC)/train.jsonl --sgd $(SGD)/train.jsonl --out build/guard.train.jsonl
 	$(PY) examples/guard/build_data.py --no-bastion --clinc $(CLINC)/val.jsonl --sgd $(SGD)/dev.jsonl \

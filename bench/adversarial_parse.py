@@ -2,7 +2,7 @@
 
     python -m bench.adversarial_parse [--kib 256] [--out result.json]
 
-For each shape (SHAPES: the worst case of one cost each, also what tests/test_adversarial_bodies.py
+For each shape (SHAPES: the worst case of one cost each, also what tests/esr_extproc/test_adversarial_bodies.py
 checks for linear growth): the CPU time of parse_body and of scan_unread (the cheapest of three
 runs), and whether BodyParser would parse it on the event loop. The inline gate's worst case is
 measured too: for each shape, the largest body the gate still keeps on the loop. To compare with an

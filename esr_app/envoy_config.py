@@ -305,8 +305,8 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 "name": "llm_routes",
                 # Only the router may set these; a client's copies are dropped before any filter or
                 # route sees them, also while the router is down. The cache's tenant header too: a
-                # client that could write it could read another tenant's answers (README, "Response
-                # cache": an authenticating filter placed before the router sets it).
+                # client that could write it could read another tenant's answers (docs/response-cache.md:
+                # an authenticating filter placed before the router sets it).
                 "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, *config.server.gateway_headers,
                                           *_tenant_header(config)],
                 # The router removes its stamp when it answers; this also when it cannot (down, failed open).

@@ -2,7 +2,7 @@
 (SO_REUSEPORT), kept alive (a dead one is started again), with one /metrics for all of them.
 
 Why processes: most of a Python front end's CPU per request goes to grpcio and asyncio, so one
-process caps what a GPU node routes (README, "Scale-out"); the model process keeps one batcher (one
+process caps what a GPU node routes (docs/scale-out.md); the model process keeps one batcher (one
 GPU stream, or one set of CPU threads) across every worker's prompts.
 """
 

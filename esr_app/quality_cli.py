@@ -1,5 +1,5 @@
 """The offline commands, classify, eval and fit: they score the same texts, with the same code,
-as the server routes on (README, "Routing quality")."""
+as the server routes on (docs/routing-quality.md)."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def service_settings(config: RouterConfig) -> ServiceSettings:
     return ServiceSettings(deadline_s=config.server.deadline_ms / 1000.0, requests=config.requests,
                            max_request_headers=config.envoy.max_request_headers,
                            max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts,
-                           server=config.server, cache=config.cache)
+                           server=config.server, cache=config.cache,
+                           set_body={r.name: r.set_body for r in (*config.routes, config.default_route) if r.set_body})
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose

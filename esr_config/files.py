@@ -1,5 +1,5 @@
 """Reading a config file into a RouterConfig and writing one back: `write_config` is `load_config`'s
-inverse (tests/test_config.py round-trips it), the only writer `fit` uses."""
+inverse (tests/esr_config/test_config.py round-trips it), the only writer `fit` uses."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ class RouterConfig(RoutingConfig):
     backends: tuple[BackendConfig, ...] = ()
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     log_prompts: bool = False  # prompts are user data: off unless debugging
-    cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (README, "Response cache")
+    cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (docs/response-cache.md)
 
     def __post_init__(self):
         super().__post_init__()

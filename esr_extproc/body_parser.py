@@ -2,7 +2,7 @@
 a body whose shape makes it costly goes to a worker process.
 
 What a body costs to scan and decode is set by its structural characters (quotes, braces,
-brackets), not its length (README, "Bad input and faults"; `python -m bench.adversarial_parse`). So
+brackets), not its length (docs/bad-input.md; `python -m bench.adversarial_parse`). So
 only a body small in both bytes and structure is parsed on the loop (a few milliseconds at most);
 anything else, and every body too large to parse (scanned for its model and a repeated key), goes
 to the worker, with its request's deadline: the scan stops itself there (json_scan.OutOfTime),

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from esr_extproc.json_scan import with_members
+from esr_extproc.serving import ServiceSettings
 from filters.context import RequestContext
 from router.classifier import Decision
 
@@ -24,16 +25,16 @@ class WireBody:
     model_span: tuple[int, int] | None = None  # where its top-level `model` value sits in `raw`
 
 
-def set_body(ctx: RequestContext, decision: Decision) -> dict:
+def set_body(ctx: RequestContext, decision: Decision, settings: ServiceSettings) -> dict:
     """The members the route's `set_body` writes: only where the router chose the route (not to a
     pinned model) and read the body."""
-    return ctx.engine.set_body_of(decision.route) if ctx.rewrite_model and ctx.unread is None else {}
+    return settings.set_body.get(decision.route, {}) if ctx.rewrite_model and ctx.unread is None else {}
 
 
-def forwarded_body(ctx: RequestContext, wire: WireBody, decision: Decision) -> bytes | None:
+def forwarded_body(ctx: RequestContext, wire: WireBody, decision: Decision, settings: ServiceSettings) -> bytes | None:
     """The body to forward in place of the one sent; None: the one sent. Also on a fallback:
     "auto" must reach the backend as a model it serves."""
-    members = set_body(ctx, decision)
+    members = set_body(ctx, decision, settings)
     if ctx.body_changed and ctx.unread is None:
         # ASCII escapes keep every string valid JSON (a lone surrogate included).
         if ctx.rewrite_model:

@@ -26,8 +26,8 @@ class ServerConfig:
     # 1: one process does everything. auto: half the CPUs the router may use (the rest are for
     # Envoy and the model process's tokenizer and GPU feeding).
     workers: int | Literal["auto"] = 1
-    # The front end's event loop: uvloop or asyncio's own (no difference measured here: README,
-    # "Model runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio.
+    # The front end's event loop: uvloop or asyncio's own (no difference measured here:
+    # docs/benchmarks.md, "Model runtime"); auto: uvloop where installed (the runtime lock has it), else asyncio.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     # grpc.health.v1 on a port of its own as well (the Inference Extension's charts: ext_proc on
     # 9004, health on 9005); None: health only on grpc_port, beside ext_proc.

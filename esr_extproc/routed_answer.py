@@ -54,7 +54,7 @@ def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision
         if ctx.truncated:
             metrics.PROMPT_TRUNCATED.inc()
             headers[TRUNCATED] = settings.requests.truncate  # which part was routed on
-        new_body = forwarded_body(ctx, wire, decision)
+        new_body = forwarded_body(ctx, wire, decision, settings)
         if settings.log_prompts:
             log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
     if new_body is not None:

@@ -253,13 +253,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return None
 
         async def embed(text: str) -> np.ndarray | None:
+            known = ctx.embedded(text)  # routing has usually embedded this turn already
+            if known is not None:
+                return known
             try:
-                return await ctx.engine.embed(text, ctx.deadline)  # the engine's cache has it from routing
+                return await ctx.engine.embed(text, ctx.deadline)
             except RoutingUnavailable:
                 return None
 
         view = read.cache_view if ctx.unread is None else None
-        written = {name: member_bytes(value) for name, value in set_body(ctx, decision).items()}
+        written = {name: member_bytes(value) for name, value in set_body(ctx, decision, serving.settings).items()}
         hit = await exchange.lookup(view, ctx.body_changed, decision.model, decision.route, serving.settings.cache,
                                     written, embed)
         return routed_answer.cache_hit(*hit, decision) if hit is not None else None

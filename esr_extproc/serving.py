@@ -4,7 +4,7 @@ snapshot swapped whole by a reload, so no answer mixes two configs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from esr_cache.config import CacheConfig
 from esr_extproc.config import ServerConfig
@@ -24,6 +24,7 @@ class ServiceSettings:
     log_prompts: bool = False
     server: ServerConfig = field(default_factory=ServerConfig)  # the standard headers it sets
     cache: CacheConfig = field(default_factory=CacheConfig)  # its matching policy (the store is the process's)
+    set_body: Mapping[str, dict] = field(default_factory=dict)  # route -> the members it writes (routes[].set_body)
 
 
 class Serving(NamedTuple):

@@ -19,7 +19,7 @@ class ModelConfig:
     # torch where the device is (or auto finds) CUDA, else onnx.
     backend: str = "auto"
     # onnx only: int8 (MatMuls in int8 with a scale per token, so batch-independent: more routed
-    # req/s for less CPU, slightly different routes; README "Model runtime") or fp32.
+    # req/s for less CPU, slightly different routes; docs/benchmarks.md, "Model runtime") or fp32.
     # auto: fp32 (the same vectors as torch), the model's own on torch.
     precision: str = "auto"
     max_seq_length: int | None = None  # None: the model's own limit

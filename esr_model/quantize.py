@@ -3,7 +3,7 @@ whose input is quantized with one scale per token (the row's own range), so a pr
 does not depend on the batch it runs in; weights are quantized per output channel, after
 SmoothQuant moves the inputs' outlier channels into them.
 
-Why per token (README, "Model runtime"): ONNX Runtime's `quantize_dynamic` gives a whole batch
+Why per token (docs/benchmarks.md, "Model runtime"): ONNX Runtime's `quantize_dynamic` gives a whole batch
 tensor one activation scale, so one long or odd prompt moved its neighbours' vectors (cosine 0.977
 alone vs batched); static scales moved them all too far from the model's. Per token, a vector is
 the same alone and in any batch (cosine 1.0000000).

@@ -1,7 +1,7 @@
 """The frames front ends and the model process exchange over a Unix socket.
 
 Every frame is a little-endian u32 length (of what follows), a u8 kind, then the kind's fields.
-Chosen by measurement over JSON lines and pickle (README, "Scale-out"): a fixed header and the
+Chosen by measurement over JSON lines and pickle (docs/scale-out.md): a fixed header and the
 vector's raw float32 bytes cost one struct call and one copy each way.
 
   front end -> model   EMBED   u32 id, f32 budget_s, utf-8 text    (budget: seconds left before

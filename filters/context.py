@@ -55,6 +55,10 @@ class RequestContext:
         """The request's own prompt (its last user turn): what prompt filters read."""
         return self.turns[-1] if self.turns else None
 
+    def embedded(self, text: str) -> np.ndarray | None:
+        """The vector of `text` where this request has it already (its prompt, once embedded)."""
+        return self._embedding if text == self.prompt and isinstance(self._embedding, np.ndarray) else None
+
     async def embedding(self) -> np.ndarray:
         """The prompt's embedding, asked of the engine once: a failure is remembered like a result,
         so a second filter neither resubmits the prompt nor waits again. Raises RoutingUnavailable."""
@@ -78,7 +82,7 @@ class RequestContext:
         computed: list = []
         # A wave at a time: a request with thousands of pieces holds at most EMBED_WAVE of the
         # batcher's queue slots, so others' requests join the batches between its waves instead of
-        # finding the queue full (tests/test_filter_embeddings.py).
+        # finding the queue full (tests/router/test_filter_embeddings.py).
         for start in range(0, len(missing), EMBED_WAVE):
             wave = missing[start:start + EMBED_WAVE]
             computed += await asyncio.gather(

@@ -221,7 +221,7 @@ class RequestsConfig:
     # (what any encoder reads, with room for text of short tokens), then by the encoder to its window.
     prompt_max_tokens: int = 256
     # What a longer text keeps, in both cuts: its start (head), its end (tail), or half of each
-    # (ends): README "Long prompts" measures them.
+    # (ends): docs/decisions.md, "Long prompts" measures them.
     truncate: Literal["head", "tail", "ends"] = "ends"
     # Blocks <tag ...>...</tag> that agent harnesses add to a user's turn; removed before routing.
     harness_tags: tuple[str, ...] = HARNESS_TAGS

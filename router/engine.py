@@ -55,18 +55,12 @@ class RoutingEngine:
         self.batcher = batcher
         self.classifier = classifier
         self.rules = Rules(config)
-        self._set_body = {r.name: r.set_body for r in config.routes}
-        self._set_body[config.default_route.name] = config.default_route.set_body
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it (else the default route).
         self._route_of_model: dict[str, str] = {}
         for route in reversed(config.routes):
             self._route_of_model[route.model] = route.name
-
-    def set_body_of(self, route: str) -> dict:
-        """The members the route writes into the bodies it forwards (routes[].set_body)."""
-        return self._set_body.get(route, {})
 
     def default(self, reason: str) -> Decision:
         return self.classifier.default(reason)

@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from tests.integration.conftest import metric, scrape
+from tests.support.stack import metric, scrape
 
 URL = "/v1/chat/completions"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.integration.conftest import metric, scrape
+from tests.support.stack import metric, scrape
 
 MATH = "Solve the equation 4x - 7 = 21 for x"
 FOLLOW_UP = "Thanks! Can you go over that last step once more?"

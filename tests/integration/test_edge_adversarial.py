@@ -14,7 +14,7 @@ import httpx
 import pytest
 import zstandard
 
-from tests.integration.conftest import GUARDED, assert_framed, metric, scrape
+from tests.support.stack import GUARDED, assert_framed, metric, scrape
 
 CHAT = "/v1/chat/completions"
 MATH = {"model": "auto", "messages": [{"role": "user", "content": "solve the equation 3x + 4 = 19"}]}
@@ -186,7 +186,7 @@ def test_the_guard_reads_what_the_backend_model_reads(guarded_stack, case):
 
 _OK = '{"model": "auto", "messages": [{"role": "user", "content": "solve 3x + 4 = 19"}]}'
 _EVIL_TURN = '[{"role": "user", "content": "%s"}]' % GUARDED
-# Bodies a backend reads otherwise than the router would (tests/test_differential_json.py has the
+# Bodies a backend reads otherwise than the router would (tests/esr_extproc/test_differential_json.py has the
 # generated ones): each once went on to the default route (or past the guard) unexamined.
 READ_OTHERWISE = {
     "byte_order_mark": (b"\xef\xbb\xbf" + _OK.replace("solve 3x + 4 = 19", GUARDED).encode(), "byte_order_mark"),

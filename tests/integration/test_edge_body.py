@@ -7,7 +7,7 @@ import hashlib
 
 import httpx
 
-from tests.integration.conftest import assert_framed, metric, scrape
+from tests.support.stack import assert_framed, metric, scrape
 
 URL = "/v1/chat/completions"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.conftest import GUARDED
+from tests.support.stack import GUARDED
 
 SPELLINGS = [
     "/v1/chat/completions", "/v1/chat/%63ompletions", "/v1/%63hat/completions?a=b", "/v1/chat/completions/",

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.support.fakes import FakeBackend
-from tests.integration.conftest import metric, scrape
+from tests.support.stack import metric, scrape
 from tests.support.inproc_router import inproc_stack_with
 
 MATH = "solve 3x + 5 = 20"  # an utterance of router.yaml: the fake model matches it exactly

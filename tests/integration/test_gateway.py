@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import assert_framed, metric, scrape
+from tests.support.stack import assert_framed, metric, scrape
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.stack import free_port, stack_with
-from tests.integration.conftest import SESSION_DEADLINE_MS
+from tests.support.stack import SESSION_DEADLINE_MS
 
 
 @pytest.fixture(scope="module")

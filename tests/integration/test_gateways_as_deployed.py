@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from devstack.stack import stack_with
-from tests.integration.conftest import GUARDED, SESSION_DEADLINE_MS, cache_stores, metric, scrape
+from tests.support.stack import GUARDED, SESSION_DEADLINE_MS, cache_stores, metric, scrape
 from tests.support.gateways import (AI_GATEWAY_MODEL, ai_gateway_patch, envoy_filter_inserted, extension_policy_filter,
                                     in_place_of_the_routers_filter, manifest)
 from tests.support.waiting import wait_for

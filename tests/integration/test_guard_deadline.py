@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.conftest import metric, scrape
+from tests.support.stack import metric, scrape
 from tests.integration.test_faults import MATH, FaultyBackend, wait_idle
 from tests.support.inproc_router import inproc_stack_with
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from devstack.stack import stack_with
-from tests.integration.conftest import GUARDED, SESSION_DEADLINE_MS, cache_stores
+from tests.support.stack import GUARDED, SESSION_DEADLINE_MS, cache_stores
 from tests.support.waiting import wait_for
 
 CHAT = "/v1/chat/completions"

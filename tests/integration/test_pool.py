@@ -14,7 +14,7 @@ import yaml
 
 from devstack.stack import ROOT, Stack, StackPorts
 from tests.support.extproc import route_once
-from tests.integration.conftest import ask, metric, scrape
+from tests.support.stack import ask, metric, scrape
 from tests.support.waiting import wait_for
 
 

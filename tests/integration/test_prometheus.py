@@ -73,7 +73,7 @@ def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(
 
     from devstack.stack import ROOT, free_port
     from esr_config import load_config
-    from tests.integration.conftest import envoy_alone
+    from tests.support.stack import envoy_alone
 
     cfg = load_config(ROOT / "router.yaml")
     listen, admin, stats = free_port(), free_port(), free_port()

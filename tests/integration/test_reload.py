@@ -14,7 +14,7 @@ import yaml
 
 from devstack.stack import ROOT, free_port
 from tests.support.extproc import route_once
-from tests.integration.conftest import metric
+from tests.support.stack import metric
 from tests.support.waiting import wait_for
 
 

@@ -17,7 +17,7 @@ import yaml
 from devstack.infinity import SERVED_NAME, Infinity
 from devstack.stack import ROOT, Stack, StackPorts, free_port
 from esr_config import load_config
-from tests.integration.conftest import ask, metric, scrape
+from tests.support.stack import ask, metric, scrape
 from tests.support.waiting import wait_for
 
 KEY = "sk-infinity-test-7f3a9c1e"

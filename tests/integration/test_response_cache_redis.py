@@ -11,7 +11,7 @@ import pytest
 
 from devstack.redis_server import RedisServer
 from devstack.stack import stack_with
-from tests.integration.conftest import SESSION_DEADLINE_MS, metric, scrape
+from tests.support.stack import SESSION_DEADLINE_MS, metric, scrape
 from tests.support.waiting import wait_for
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from devstack.stack import ROOT, free_port, on_stack_ports
 from esr_config import load_config
-from tests.integration.conftest import envoy_alone
+from tests.support.stack import envoy_alone
 
 DRAIN_SCRIPT = ROOT / "deploy" / "kubernetes" / "base" / "envoy-drain.sh"
 ENVOY_ARGS = ("--drain-strategy", "immediate", "--drain-time-s", "100")  # as the Deployment runs it

@@ -13,7 +13,7 @@ import pytest
 
 from devstack.soak import fixed_threads, process_figures, settled_threads, soak, thread_names
 from devstack.stack import Stack, StackPorts
-from tests.integration.conftest import metric, scrape
+from tests.support.stack import metric, scrape
 
 SHORT_SOAK_REQUESTS = 3000
 

@@ -19,8 +19,8 @@ from devstack.mock_backend import make_app
 from devstack.stack import free_port
 from esr_config import load_config
 from esr_extproc.config import BackendConfig
-from tests.conftest import ROOT
-from tests.integration.conftest import envoy_alone
+from tests.support import ROOT
+from tests.support.stack import envoy_alone
 
 NAME = "llm.backend.test"
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 from esr_app.envoy_config import ROUTER_CLUSTER
 from esr_extproc.headers import SELECTED_MODEL
-from tests.test_deploy import K8S, kustomize
+from tests.support.deploy import K8S, kustomize
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 _BODY_MODES = {"Buffered": "BUFFERED", "Streamed": "STREAMED", "FullDuplexStreamed": "FULL_DUPLEX_STREAMED",

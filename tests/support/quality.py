@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 CLINC = ROOT.parent / "shared" / "data" / "clinc150"
 SGD = ROOT.parent / "shared" / "data" / "sgd"

@@ -1,0 +1,177 @@
+"""`semantic-router envoy-config`: committed Envoy configs match what it renders, and Envoy accepts them."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from devstack.envoy_binary import find_envoy
+from esr_settings import replace_at
+from esr_config import load_config
+from esr_extproc.config import BackendConfig
+from esr_app.envoy_config import llm_path_regex, message_timeout_ms, render, render_yaml
+from tests.support import ROOT
+
+# (router config, the Envoy config committed beside it)
+COMMITTED = [
+    (ROOT / "router.yaml", ROOT / "envoy.yaml"),
+    (ROOT / "deploy/kubernetes/base/router.yaml", ROOT / "deploy/kubernetes/base/envoy.yaml"),
+]
+
+
+def envoy_validate(path) -> None:
+    try:
+        envoy = find_envoy()
+    except FileNotFoundError as exc:
+        pytest.fail(f"envoy --mode validate needs Envoy: {exc}", pytrace=False)
+    out = subprocess.run([envoy, "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("router_cfg, envoy_cfg", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_envoy_config_matches_render(router_cfg, envoy_cfg):
+    rendered = render_yaml(load_config(router_cfg))
+    assert envoy_cfg.read_text() == rendered, (
+        f"{envoy_cfg.relative_to(ROOT)} drifted from its router config; re-render with\n"
+        f"  semantic-router envoy-config --config {router_cfg.relative_to(ROOT)} --out {envoy_cfg.relative_to(ROOT)}")
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("router_cfg, envoy_cfg", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_envoy_configs_validate(router_cfg, envoy_cfg):
+    envoy_validate(envoy_cfg)
+
+
+@pytest.mark.processes
+def test_tls_dns_backends_and_derived_timeouts_validate(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(
+        cfg,
+        server=dataclasses.replace(cfg.server, deadline_ms=200),
+        backends=(
+            BackendConfig(model="general-model", address="api.example.internal", port=443, tls=True),
+            BackendConfig(model="math-model", address="10.0.0.7", port=8000),
+            BackendConfig(model="code-model", address="code.svc.cluster.local", port=8000),
+        ),
+    )
+    doc = render(cfg)
+    ext_proc = http_filters(doc)["envoy.filters.http.ext_proc"]
+    assert ext_proc["typed_config"]["failure_mode_allow"] is True
+    assert ext_proc["typed_config"]["message_timeout"] == f"{message_timeout_ms(cfg) / 1000:.3f}s"
+    assert message_timeout_ms(cfg) > cfg.server.deadline_ms
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    assert clusters["general-model"]["type"] == "STRICT_DNS"
+    tls = clusters["general-model"]["transport_socket"]["typed_config"]
+    assert tls["sni"] == "api.example.internal"
+    assert tls["common_tls_context"]["validation_context"] == {  # verified: the system's CAs, the SNI's name
+        "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"},
+        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "api.example.internal"}}]}
+    assert clusters["math-model"]["type"] == "STATIC" and "transport_socket" not in clusters["math-model"]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)
+
+
+def http_filters(doc) -> dict:
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return {f["name"]: f for f in hcm["http_filters"]}
+
+
+@pytest.mark.processes
+def test_the_edge_trusts_no_client_address_and_refuses_other_paths(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = replace_at(cfg, "envoy", trusted_hops=1, passthrough_paths=("/v1/models",))
+    doc = render(cfg)
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["use_remote_address"] is True and hcm["xff_num_trusted_hops"] == 1
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert routes[-1]["direct_response"]["status"] == 404 and routes[-1]["match"] == {"prefix": "/"}
+    assert routes[-2]["match"] == {"prefix": "/v1/models"} and routes[-2]["route"]["cluster"] == "general-model"
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)
+
+
+@pytest.mark.parametrize("path, routed", [
+    ("/v1/chat/completions", True), ("/V1/Chat/Completions/", True), ("/openai/v1/messages", True),
+    ("/v1/responses;x=1", True), ("/v1/completions%3Bx", True), ("/v1/embeddings", False),
+    ("/invocations", False), ("/api/chat", False), ("/generate", False), ("/v1/chat/completions/x", False),
+])
+def test_llm_path_regex(path, routed):
+    import re
+    assert bool(re.fullmatch(llm_path_regex().removeprefix("(?i)"), path, re.I)) is routed
+
+
+@pytest.mark.processes
+def test_cli_backend_flags_and_errors(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+         "--backend", "math-model=math.example.com:443:tls", "--listen-port", "18080"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    assert clusters["math-model"]["transport_socket"]["typed_config"]["sni"] == "math.example.com"
+    assert doc["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 18080
+    bad = subprocess.run([sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+                          "--backend", "nonsense"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "MODEL=HOST:PORT" in bad.stderr
+
+
+@pytest.mark.processes
+def test_cli_backend_flags_take_ipv6_literals_and_sni():
+    out = subprocess.run(
+        [sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+         "--backend", "math-model=[::1]:8001",
+         "--backend", "general-model=[2001:db8::7]:443:tls=api.example.com",
+         "--backend", "code-model=10.0.0.5:443:tls"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+
+    def socket(name):
+        return clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+
+    assert socket("math-model") == {"address": "::1", "port_value": 8001}
+    assert clusters["math-model"]["type"] == "STATIC"
+    assert socket("general-model") == {"address": "2001:db8::7", "port_value": 443}
+    assert clusters["general-model"]["transport_socket"]["typed_config"]["sni"] == "api.example.com"
+    assert clusters["code-model"]["transport_socket"]["typed_config"]["sni"] == "10.0.0.5"
+    for bad in ("math-model=::1:8001", "math-model=[::1]", "math-model=host:443:tls=", "math-model=[zz]:80", "math-model=[fffff]:80"):
+        run = subprocess.run([sys.executable, "-m", "esr_app", "envoy-config", "--config", str(ROOT / "router.yaml"),
+                              "--backend", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert run.returncode == 2 and "MODEL=HOST:PORT" in run.stderr, bad
+
+
+@pytest.mark.processes
+def test_with_the_cache_the_keeper_runs_before_the_router_and_the_tenant_header_is_envoys(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, enabled=True, tenant_header="x-tenant"))
+    rendered = render(cfg)
+    hcm = rendered["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_proc")
+    assert {"x-tenant", "x-semantic-cache-keeper"} <= set(hcm["route_config"]["internal_only_headers"])
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)
+
+
+@pytest.mark.processes
+def test_full_duplex_bodies_render_as_the_inference_extension_configures_them(tmp_path):
+    cfg = load_config(ROOT / "router.yaml")
+    cfg = dataclasses.replace(cfg, envoy=dataclasses.replace(cfg.envoy, request_body_mode="full_duplex_streamed"))
+    hcm = render(cfg)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
+    assert ext_proc["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert ext_proc["processing_mode"]["request_trailer_mode"] == "SEND"
+    assert ext_proc["failure_mode_allow"] is False and ext_proc["allow_mode_override"] is True
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(cfg))
+    envoy_validate(path)
