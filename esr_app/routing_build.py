@@ -86,7 +86,8 @@ def service_settings(config: RouterConfig) -> ServiceSettings:
                            max_request_headers=config.envoy.max_request_headers,
                            max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts,
                            server=config.server, cache=config.cache,
-                           set_body={r.name: r.set_body for r in (*config.routes, config.default_route) if r.set_body})
+                           set_body={**{r.name: r.set_body for r in config.routes if r.set_body},
+                                     config.default_route.name: config.default_route.set_body})
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose
