@@ -14,6 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
 from esr_extproc import encodings, metrics, replies, routed_answer
+from esr_extproc.body_modes import duplex_chunk, refused_override, too_late_to_route
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.body_rewrite import set_body
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -100,19 +101,19 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 stream.body.append(chunk.body)
                 stream.body_bytes += len(chunk.body)
                 if stream.duplex:
-                    for answer in await self._on_duplex_chunk(stream, chunk.end_of_stream):
+                    for answer in await duplex_chunk(stream, chunk.end_of_stream, self._limit(), self._on_body):
                         yield answer
                 elif chunk.end_of_stream:
                     answer = await self._on_body(stream)
                     self._release(stream)  # answered: what the stream waits for now is the backend's
-                    yield self._too_late_to_route(answer) if stream.unbuffered else answer
+                    yield too_late_to_route(answer) if stream.unbuffered else answer
                 else:
                     if stream.streamed and stream.llm_call and not stream.unbuffered:
                         stream.unbuffered = True  # the body was asked for whole: the override was refused
-                        self._refused_override()
+                        refused_override()
                     yield replies.body_continue()
             elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
-                for answer in await self._on_duplex_chunk(stream, True):  # trailers end the body
+                for answer in await duplex_chunk(stream, True, self._limit(), self._on_body):  # trailers end the body
                     yield answer
                 yield replies.pass_through(kind)
             elif kind == "response_body" and stream.cache is not None and stream.cache.key is not None:
@@ -123,41 +124,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 if answer is not None:
                     yield answer
 
-    async def _on_duplex_chunk(self, stream: RequestStream, last: bool) -> list[pb.ProcessingResponse]:
-        """Full duplex: chunks accumulate (nothing is answered) up to Envoy's own request limit; at
-        the end the held headers answer goes back with the route, then the body, rewritten or as
-        sent, in streamed body answers."""
-        if stream.held_headers is None:  # not an LLM call, or already answered: the body goes on as sent
-            body, stream.body = b"".join(stream.body), []
-            return [replies.streamed_body(body, last)]
-        current = self.serving
-        limit = current.settings.max_inflated_bytes if current is not None else None
-        if limit is not None and stream.body_bytes > limit:
-            stream.held_headers, stream.body = None, []
-            metrics.BAD_REQUESTS.labels("too_large_upload").inc()
-            return [refusal(413, f"Request body over {limit} bytes.", "request_too_large")]
-        if not last:
-            return []
-        # The upload's own pace is not the router's: the deadline runs from the whole body.
-        stream.started = time.monotonic()
-        held, stream.held_headers = stream.held_headers, None
-        return replies.duplex(held, await self._on_body(stream), b"".join(stream.body))
-
-    @staticmethod
-    def _refused_override() -> None:
-        metrics.BAD_REQUESTS.labels("streamed_unbuffered").inc()
-        log.warning("Envoy streamed an LLM call's body on after its headers: set allow_mode_override "
-                    "(Envoy Gateway: processingMode.allowModeOverride) or request_body_mode BUFFERED or "
-                    "FULL_DUPLEX_STREAMED; until then such requests take the gateway's default route")
-
-    @staticmethod
-    def _too_late_to_route(answer: pb.ProcessingResponse) -> pb.ProcessingResponse:
-        """The headers went on to routing and the chunks to the backend as they came: only an
-        immediate answer (a refusal, a guard's block, a cached answer) still stands."""
-        if answer.HasField("immediate_response"):
-            return answer
-        metrics.REQUESTS.labels("too_late_to_route").inc()
-        return replies.body_continue()
+    def _limit(self) -> int | None:
+        """Envoy's own request limit, the most a held body may grow to (None: not serving yet)."""
+        return self.serving.settings.max_inflated_bytes if self.serving is not None else None
 
     def _on_headers(self, headers: pb.HttpHeaders, stream: RequestStream, sheddable: bool = False
                     ) -> pb.ProcessingResponse:

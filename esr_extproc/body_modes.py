@@ -1,0 +1,54 @@
+"""What differs by how Envoy sends a body: full duplex holds the headers answer until the body is
+whole; streamed asks for an LLM call's body whole, and where the gateway refuses that, the body has
+gone on before the router could route it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from esr_extproc import metrics, replies
+from esr_extproc.routed_answer import refusal
+from esr_extproc.stream import RequestStream
+
+log = logging.getLogger(__name__)
+
+
+async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
+                       on_body: Callable[[RequestStream], Awaitable[pb.ProcessingResponse]]
+                       ) -> list[pb.ProcessingResponse]:
+    """Full duplex: chunks accumulate (nothing is answered) up to Envoy's own request limit; at
+    the end the held headers answer goes back with the route, then the body, rewritten or as
+    sent, in streamed body answers."""
+    if stream.held_headers is None:  # not an LLM call, or already answered: the body goes on as sent
+        body, stream.body = b"".join(stream.body), []
+        return [replies.streamed_body(body, last)]
+    if limit is not None and stream.body_bytes > limit:
+        stream.held_headers, stream.body = None, []
+        metrics.BAD_REQUESTS.labels("too_large_upload").inc()
+        return [refusal(413, f"Request body over {limit} bytes.", "request_too_large")]
+    if not last:
+        return []
+    # The upload's own pace is not the router's: the deadline runs from the whole body.
+    stream.started = time.monotonic()
+    held, stream.held_headers = stream.held_headers, None
+    return replies.duplex(held, await on_body(stream), b"".join(stream.body))
+
+
+def refused_override() -> None:
+    metrics.BAD_REQUESTS.labels("streamed_unbuffered").inc()
+    log.warning("Envoy streamed an LLM call's body on after its headers: set allow_mode_override "
+                "(Envoy Gateway: processingMode.allowModeOverride) or request_body_mode BUFFERED or "
+                "FULL_DUPLEX_STREAMED; until then such requests take the gateway's default route")
+
+
+def too_late_to_route(answer: pb.ProcessingResponse) -> pb.ProcessingResponse:
+    """The headers went on to routing and the chunks to the backend as they came: only an
+    immediate answer (a refusal, a guard's block, a cached answer) still stands."""
+    if answer.HasField("immediate_response"):
+        return answer
+    metrics.REQUESTS.labels("too_late_to_route").inc()
+    return replies.body_continue()
