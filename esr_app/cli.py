@@ -13,7 +13,7 @@ from pathlib import Path
 
 from esr_settings import replace_at
 from esr_app import event_loop
-from esr_app.quality_cli import cmd_classify, cmd_eval, cmd_fit, load_or_exit
+from esr_app.quality_cli import cmd_classify, cmd_eval, cmd_fit, cmd_replay, load_or_exit
 from esr_config import ConfigError, RouterConfig
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from esr_tuning.fit import OBJECTIVES
@@ -289,6 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fit only the cascade's static tier (static_tier) to the config's encoder decisions; a "
                     "similarity config takes any {text} lines, labelled or not, as traffic")
     ft.set_defaults(func=cmd_fit)
+
+    rp = sub.add_parser("replay", help="decide recorded requests (records.prompts) again with a candidate config "
+                        "and report what would change; exit 3 past a budget (a CI gate for config changes)")
+    rp.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the candidate config")
+    rp.add_argument("--records", type=Path, required=True, help="a decision-record file (JSONL)")
+    rp.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    rp.add_argument("--max-changed", type=float, metavar="SHARE",
+                    help="exit 3 when more than this share of the decisions would move to another route")
+    rp.add_argument("--max-cost-change", type=float, metavar="SHARE",
+                    help="exit 3 when the prompt cost at the config's prices would change by more than this share")
+    rp.set_defaults(func=cmd_replay)
 
     ec = sub.add_parser("envoy-config", help="render the Envoy bootstrap for this router config")
     ec.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

@@ -206,6 +206,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from esr_tuning.jsonl import BadRecord
+    from esr_tuning.replay import format_report, read_records, replay, report
+
+    config = load_or_exit(args.config)
+    with _data_errors(OSError, BadRecord):
+        records, left_out = read_records(args.records)
+    if not records:
+        print(f"data error: {args.records} holds no decision routing made with its texts recorded "
+              f"(records.prompts: true); left out: {dict(left_out)}", file=sys.stderr)
+        return 2
+    encoder, classifier = offline(config)
+    texts = sorted({t for r in records for t in r.texts})
+    decisions = replay(config, classifier, static_tier(config), records, text_vectors(encoder, texts) if texts else {})
+    out = report(config, records, decisions, left_out)
+    print(json.dumps(out) if args.json else format_report(out))
+    over = (args.max_changed is not None and out["changed_share"] > args.max_changed) or (
+        args.max_cost_change is not None and out["cost_change"] is not None
+        and abs(out["cost_change"]) > args.max_cost_change)
+    return 3 if over else 0
+
+
 def _is_conversations(path: Path) -> bool:
     from esr_tuning.conversations import is_conversation_data
 

@@ -26,6 +26,7 @@ from esr_app.reload import ConfigReloader
 from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
+from esr_extproc.records import DecisionRecorder
 from esr_extproc.service import ExtProcService
 from esr_extproc.serving import Serving
 from esr_extproc.keeper import CacheKeeper
@@ -72,7 +73,8 @@ class RouterServer:
         self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()
         self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
-        self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None)
+        self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None,
+                                       DecisionRecorder(config.records) if config.records.enabled else None)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.health_grpc: grpc.aio.Server | None = None  # server.health_port's

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from batching import BatcherSettings
 from esr_cache.config import CacheConfig
 from esr_extproc.config import BackendConfig, EnvoyConfig, ServerConfig
+from esr_extproc.records import RecordsConfig
 from esr_model.config import ModelConfig
 from esr_remote.config import RemoteEncoderConfig
 from esr_settings import require
@@ -40,6 +41,9 @@ class RouterConfig(RoutingConfig):
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     log_prompts: bool = False  # prompts are user data: off unless debugging
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (docs/response-cache.md)
+    records: RecordsConfig = field(default_factory=RecordsConfig)  # decision records (docs/records-and-replay.md)
+    # Backend model -> its price per million prompt tokens, for what `replay` says a change costs.
+    prices: dict = field(default_factory=dict)
 
     def __post_init__(self):
         super().__post_init__()
@@ -52,6 +56,10 @@ class RouterConfig(RoutingConfig):
         for model in self.server.base_models:
             require(model in self.backend_models, f"server.base_models.{model}",
                     f"{model!r} is not the model of any route or the default route")
+        for model, price in self.prices.items():
+            require(model in self.backend_models, f"prices.{model}", f"{model!r} is not the model of any route or the default route")
+            require(isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0, f"prices.{model}",
+                    "must be a number, 0 or more")
         seen_models = set()
         for i, b in enumerate(self.backends):
             require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")

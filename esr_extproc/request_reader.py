@@ -31,8 +31,9 @@ def unread(path: str, headers: dict[str, str], raw: bytes, engine: RoutingEngine
 
 
 async def read_request(bodies: BodyParser, path: str, headers: dict[str, str], raw: bytes, encoding: str | None,
-                       serving: Serving, deadline: float, cache: bool) -> ReadRequest:
-    """BadBody for a body that cannot be used (esr_extproc.json_scan); `cache`: make its CacheView."""
+                       serving: Serving, deadline: float, cache: bool, facts: bool = False) -> ReadRequest:
+    """BadBody for a body that cannot be used (esr_extproc.json_scan); `cache`: make its CacheView;
+    `facts`: measure what rules read even where no rule reads it (for decision records)."""
     engine, chain, settings = serving
     read = unread(path, headers, raw, engine, deadline, None)
     ctx, wire = read.ctx, read.wire
@@ -46,7 +47,7 @@ async def read_request(bodies: BodyParser, path: str, headers: dict[str, str], r
             ctx.requested_model, wire.model_span = await bodies.scan_unread(raw, deadline)
             return read
         parsed = await bodies.parse(raw, path, settings.requests, engine.config.conversation.turns_read, deadline,
-                                    chain.reads_all_text, engine.rules.reads_facts, cache=cache)
+                                    chain.reads_all_text, engine.rules.reads_facts or facts, cache=cache)
     except ParseTimeout:
         # Not read by the deadline (a costly shape, a busy parser).
         metrics.BAD_REQUESTS.labels("parse_timeout").inc()

@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
+from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_modes import duplex_chunk, refused_override, too_late_to_route
 from esr_extproc.body_parser import BodyParser
@@ -20,6 +21,7 @@ from esr_extproc.body_rewrite import set_body
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
 from esr_extproc.json_scan import AMBIGUOUS, BadBody, member_bytes
 from esr_extproc.keeper import entry_token
+from esr_extproc.records import DecisionRecorder, decision_record
 from esr_extproc.request_reader import ReadRequest, read_request, unread
 from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
@@ -40,9 +42,11 @@ REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_l
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, process: str = "router", cache: ResponseCache | None = None):
+    def __init__(self, process: str = "router", cache: ResponseCache | None = None,
+                 records: DecisionRecorder | None = None):
         self._streams = metrics.STREAMS.labels(process)
         self.cache = cache  # None: no response cache
+        self.records = records  # None: no decision records
         # Swapped whole by a config reload (serve) without touching requests in flight. None until
         # the first engine is built.
         self.serving: Serving | None = None
@@ -62,6 +66,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     def close(self) -> None:
         self._bodies.close()
+        if self.records is not None:
+            self.records.close()
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream()
@@ -189,7 +195,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         raw = b"".join(stream.body)
         try:
             read = await read_request(self._bodies, stream.path, stream.headers, raw, stream.encoding, current,
-                                      deadline, cache=stream.cache is not None)
+                                      deadline, cache=stream.cache is not None, facts=self.records is not None)
         except BadBody as bad:
             metrics.BAD_REQUESTS.labels(bad.kind).inc()
             log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
@@ -206,6 +212,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         hit = await self._from_cache(stream.cache, read, decision, current)
         response = hit if hit is not None else routed_answer.routed(ctx, read.wire, decision, current.settings)
         metrics.PROCESSING.observe(time.perf_counter() - started)
+        if self.records is not None and self.records.wants():
+            cached = None if stream.cache is None else "hit" if hit else "miss" if stream.cache.key else "skipped"
+            tenant = tenant_of(stream.headers, current.settings.cache.tenant_header)
+            self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started), ctx.turns)
         if stream.cache is not None and stream.cache.key is not None:
             stream.cache.sent()
             if stream.cache.kept_by_envoy:  # the keeper's call keeps it: nothing comes through this stream

@@ -123,15 +123,26 @@ def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequen
     """The decision of every user turn (flattened as TurnTable), as the router makes it: rules
     first, then the static tier where it stands (None: off), then the classifier on the turns
     its request is routed on."""
-    rules, gate = Rules(config), config.conversation.gate
+    rules = Rules(config)
     out = []
     for d in dialogues:
         facts = d.facts or [RequestFacts()] * len(d.turns)
         for texts, fact in zip(d.routed(config), facts):
-            decision = (rules.decide(texts[-1], fact) if rules else None) or (static.decide(texts) if static else None)
-            out.append(decision or classifier.conversation_decision(
-                classifier.scores(np.stack([vectors[t] for t in texts])), gate))
+            out.append(decide_routed(config, rules, classifier, static, texts, fact, vectors))
     return out
+
+
+def decide_routed(config: RouterConfig, rules: Rules, classifier: RouteClassifier, static: StaticTier | None,
+                  texts: Sequence[str], fact: RequestFacts, vectors: dict[str, np.ndarray]) -> Decision:
+    """One request's decision on the texts it is routed on (oldest first), as the server's
+    semantic_route filter makes it: rules on its own text, the static tier, then the classifier on
+    every text under the conversation's gate."""
+    decision = rules.decide(texts[-1] if texts else "", fact) if rules else None
+    if decision is None and not texts:
+        return classifier.default("no_prompt")
+    decision = decision or (static.decide(texts) if static else None)
+    return decision or classifier.conversation_decision(
+        classifier.scores(np.stack([vectors[t] for t in texts])), config.conversation.gate)
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],

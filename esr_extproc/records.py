@@ -1,0 +1,142 @@
+"""Decision records: one JSON line per decision, sampled and rate-limited, to a file or stdout, for
+`semantic-router replay` and for whoever asks why a request went where it did.
+
+A record holds what was decided and why (route, reason, score, confidence, tier, model), the cache's
+part, the router's time, the tenant as a hash and the W3C trace id, and what rules read (token
+estimate, tools, images). The texts routed on are kept only with `records.prompts: true`: they are
+the users' words, personal data under most regimes, capped at `prompt_max_chars` each. Lines are
+written by a thread of their own: a slow disk costs records (counted), never a request's time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from prometheus_client import Counter
+
+from esr_settings import require
+from filters.context import RequestContext
+from router.classifier import Decision
+
+log = logging.getLogger(__name__)
+
+WRITTEN = Counter("semantic_router_decision_records_total",
+                  "Decision records, by outcome: written, or dropped for the rate limit or a full queue.",
+                  ["outcome"])
+QUEUE = 4096  # records waiting for the writer; past it, dropped
+
+
+@dataclass(frozen=True)
+class RecordsConfig:
+    """The `records:` section."""
+
+    enabled: bool = False
+    path: str = "-"  # a JSONL file, appended to; "-": standard output
+    sample_ratio: float = 1.0  # the share of decisions recorded
+    max_per_s: float = 1000.0  # at most this many a second (a token bucket a second deep)
+    prompts: bool = False  # also the texts routed on: personal data, opt in
+    prompt_max_chars: int = 4096  # each text cut to this many characters
+
+    def __post_init__(self):
+        require(0.0 <= self.sample_ratio <= 1.0, "sample_ratio", "must be between 0 and 1")
+        require(self.max_per_s > 0, "max_per_s", "must be positive")
+        require(self.prompt_max_chars >= 1, "prompt_max_chars", "must be at least 1")
+        require(bool(self.path), "path", "must name a file, or - for standard output")
+
+
+def trace_id(headers: dict[str, str]) -> str | None:
+    """The trace id of a W3C `traceparent` header (version-traceid-spanid-flags), when well formed."""
+    parts = headers.get("traceparent", "").split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 \
+            and all(c in "0123456789abcdef" for c in parts[1]):
+        return parts[1]
+    return None
+
+
+def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache: str | None,
+                    seconds: float) -> dict[str, Any]:
+    """What a record says of one decided request (the texts are added by the recorder, if asked)."""
+    out: dict[str, Any] = {
+        "trace_id": trace_id(ctx.headers), "tenant": tenant, "path": ctx.path,
+        "requested_model": ctx.requested_model, "route": decision.route, "model": decision.model,
+        "reason": decision.reason, "score": round(decision.score, 4), "confidence": round(decision.confidence, 4),
+        "tier": decision.tier or None, "cache": cache, "ms": round(seconds * 1000, 3),
+        "facts": {"prompt_tokens": ctx.facts.prompt_tokens, "tools": ctx.facts.has_tools,
+                  "images": ctx.facts.has_images},
+    }
+    if ctx.unread is not None:
+        out["unread"] = ctx.unread
+    if ctx.immediate is not None:
+        out["blocked"] = ctx.immediate.status
+    return out
+
+
+class DecisionRecorder:
+    def __init__(self, config: RecordsConfig, draw=random.random):
+        self.config = config
+        self._random = draw
+        self._tokens = config.max_per_s
+        self._refilled = time.monotonic()
+        self._queue: queue.Queue[dict | None] = queue.Queue(QUEUE)
+        self._out: BinaryIO | None = None
+        self._thread = threading.Thread(target=self._write, name="decision-records", daemon=True)
+        self._thread.start()
+
+    def wants(self) -> bool:
+        """Whether the next decision is recorded: sampled, then within the rate."""
+        if self.config.sample_ratio < 1.0 and self._random() >= self.config.sample_ratio:
+            return False
+        now = time.monotonic()
+        self._tokens = min(self.config.max_per_s, self._tokens + (now - self._refilled) * self.config.max_per_s)
+        self._refilled = now
+        if self._tokens < 1.0:
+            WRITTEN.labels("rate_limited").inc()
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def record(self, fields: dict[str, Any], texts: tuple[str, ...] = ()) -> None:
+        """Queues one record (`texts` kept only where prompts are asked for); never blocks."""
+        line = {"time": round(time.time(), 6), **fields}
+        if self.config.prompts and texts:
+            line["texts"] = [t[: self.config.prompt_max_chars] for t in texts]
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            WRITTEN.labels("queue_full").inc()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Writes what is queued, then stops."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            line = self._queue.get()
+            if line is None:
+                break
+            try:
+                # One write per line, unbuffered, appending: the processes of a pool share one file
+                # without a line of one cutting into another's.
+                self._open().write((json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+                WRITTEN.labels("written").inc()
+            except OSError as exc:
+                WRITTEN.labels("error").inc()
+                log.warning("decision record not written", extra={"error": type(exc).__name__})
+        if self._out is not None and self._out is not sys.stdout.buffer:
+            self._out.close()
+
+    def _open(self) -> BinaryIO:
+        if self._out is None:
+            self._out = sys.stdout.buffer if self.config.path == "-" else open(self.config.path, "ab", buffering=0)
+        return self._out

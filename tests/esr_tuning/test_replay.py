@@ -1,0 +1,58 @@
+"""What replay reads of a record file and what its report says (the decisions themselves are
+compared with serving through the real Envoy: tests/integration/test_records_and_replay.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from esr_config import parse_config
+from esr_tuning.jsonl import BadRecord
+from esr_tuning.replay import format_report, read_records, report
+from router.classifier import Decision
+from tests.support import ROOT
+
+
+def _write(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _row(route, model, reason="matched", **more):
+    return {"route": route, "model": model, "reason": reason, "confidence": 0.9, "texts": ["x"],
+            "facts": {"prompt_tokens": 1000}, **more}
+
+
+def test_records_routing_did_not_decide_or_without_texts_are_left_out_and_counted(tmp_path):
+    path = tmp_path / "r.jsonl"
+    _write(path, [_row("math", "math-model"), _row("code", "code-model", "model_pinned"),
+                  _row("general", "general-model", "fallback_timeout"), {**_row("math", "math-model"), "texts": None},
+                  _row("math", "math-model", blocked=403), _row("general", "general-model", unread="body_too_large")])
+    records, left_out = read_records(path)
+    assert len(records) == 1
+    assert left_out == {"model_pinned": 1, "fallback_timeout": 1, "no_texts": 1, "blocked": 1, "matched": 1}
+
+
+def test_a_line_that_is_not_a_record_is_named(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(_row("math", "math-model")) + "\n{\"route\": 1}\n")
+    with pytest.raises(BadRecord, match=r"r.jsonl:2"):
+        read_records(path)
+
+
+def test_the_report_counts_moves_shares_and_cost(tmp_path):
+    raw = yaml.safe_load((ROOT / "router.yaml").read_text())
+    raw["prices"] = {"math-model": 1.0, "code-model": 3.0, "general-model": 0.5}
+    config = parse_config(raw)
+    path = tmp_path / "r.jsonl"
+    _write(path, [_row("math", "math-model"), _row("math", "math-model"), _row("code", "code-model")])
+    records, left_out = read_records(path)
+    decisions = [Decision("math", "math-model", 0.9, "matched", 0.8), Decision("code", "code-model", 0.9, "matched", 0.7),
+                 Decision("code", "code-model", 0.9, "matched", 0.6)]
+    out = report(config, records, decisions, left_out)
+    assert out["changed"] == 1 and out["moved"] == [{"from": "math", "to": "code", "requests": 1}]
+    assert out["models_before"] == {"code-model": 0.3333, "math-model": 0.6667}
+    assert out["models_after"] == {"code-model": 0.6667, "math-model": 0.3333}
+    assert (out["cost_before"], out["cost_after"]) == (0.005, 0.007) and out["cost_change"] == 0.4
+    assert "math                 code                        1" in format_report(out)
