@@ -29,3 +29,6 @@ STREAMS = Counter("semantic_router_ext_proc_streams_total",
 SHED = Counter("semantic_router_shed_at_headers_total",
                "LLM calls shed at their headers (server.max_in_flight reached, or waited past server.shed_wait_ms): "
                "Envoy routes them on the body's model itself, else to the default route.")
+RECORDS = Counter("semantic_router_decision_records_total",
+                  "Decision records, by outcome: written, or dropped (rate_limited, queue_full) or failed (error).",
+                  ["outcome"])

@@ -19,17 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from prometheus_client import Counter
-
+from esr_extproc.metrics import RECORDS as WRITTEN
 from esr_settings import require
 from filters.context import RequestContext
 from router.classifier import Decision
 
 log = logging.getLogger(__name__)
 
-WRITTEN = Counter("semantic_router_decision_records_total",
-                  "Decision records, by outcome: written, or dropped for the rate limit or a full queue.",
-                  ["outcome"])
 QUEUE = 4096  # records waiting for the writer; past it, dropped
 
 
