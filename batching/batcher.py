@@ -16,12 +16,13 @@ Pipeline (after TEI's queue / batching task / backend task split):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import queue as stdqueue
 import threading
 import time
-from typing import Any, Sequence, Sized
+from typing import Any, Callable, Sequence, Sized
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overl
 from batching.observer import BatchObserver, NullObserver
 from batching.queue import Batch, BatchQueue, WorkItem
 from batching.settings import BatcherSettings
+
+# (the batch's items, its tokens, its start and end in time.time_ns(), each item's queue wait in s)
+BatchHook = Callable[[Sequence[WorkItem], int, int, int, Sequence[float]], None]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,9 @@ class ContinuousBatcher:
         self._warmed = threading.Event()  # lane 0 has warmed the backend up (or failed to)
         self._warm_failed = False
         self.cost = BatchCostModel()
+        # Called from the model thread after each batch with what it served (BatchHook); set by
+        # whoever traces batches, before start(). None: nothing kept per request for it.
+        self.batch_hook: BatchHook | None = None
         self._load = LoadEstimate(settings, lanes, self.cost)
         # How late the loop runs a callback the model thread hands it: a busy loop delays every
         # answer by this much. Rises at once, decays slowly (written on the loop only).
@@ -129,6 +136,8 @@ class ContinuousBatcher:
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
         fut = self._loop.create_future()
         item = self._queue.new_item(text, deadline, fut)
+        if self.batch_hook is not None:
+            item.origin = contextvars.copy_context()
         if not self._arrivals:
             self._loop.call_soon(self._hand_over)
         self._arrivals.append(item)
@@ -297,6 +306,7 @@ class ContinuousBatcher:
         self._load.batch_started(lane, batch)
         waits = [started - i.enqueued_at for i in items]
         t0 = time.perf_counter()
+        started_ns = time.time_ns()
         learned: float | None = None
         try:
             vectors = self.backend.embed([i.inputs for i in items], max(i.deadline for i in items))
@@ -319,6 +329,11 @@ class ContinuousBatcher:
         inference_s = time.perf_counter() - t0
         self._load.batch_ended(lane, batch, learned)
         self.observer.on_batch(len(items), batch.tokens, batch.padded_tokens, inference_s, waits)
+        if self.batch_hook is not None:
+            try:
+                self.batch_hook(items, batch.tokens, started_ns, time.time_ns(), waits)
+            except Exception as exc:  # a tracer's failure costs the trace, never the batch
+                log.warning("batch hook failed: %s", type(exc).__name__)
         self.observer.on_queue_depth(*self._queue.depth)
         self._settle_from_thread(items, outcomes)
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+import contextvars
 from typing import Callable, Sized
 
 from batching.cost_model import BatchCostModel
@@ -24,6 +25,9 @@ class WorkItem:
     # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
     # costs one wasted embedding, so no lock.
     cancelled: bool = False
+    # The submitting task's context, kept only for a batch hook (a tracer finds the request's span
+    # in it); opaque to the batcher.
+    origin: contextvars.Context | None = None
 
     @property
     def n_tokens(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from batching import Backend, BatcherSettings, ContinuousBatcher
+from batching.batcher import BatchHook
 from esr_config import RouterConfig
 from esr_app.metrics import PrometheusBatchObserver
 
@@ -67,12 +68,14 @@ def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
     return settings, remote.max_in_flight
 
 
-async def start_batcher(config: RouterConfig, factory: BackendFactory | None = None) -> ContinuousBatcher:
+async def start_batcher(config: RouterConfig, factory: BackendFactory | None = None,
+                        batch_hook: BatchHook | None = None) -> ContinuousBatcher:
     """The backend (loaded off the event loop: seconds of blocking work) and its warmed-up batcher."""
     loop = asyncio.get_running_loop()
     backend = await loop.run_in_executor(None, factory or make_backend, config)
     settings, lanes = batcher_shape(config)
     batcher = ContinuousBatcher(backend, settings, PrometheusBatchObserver(), lanes)
+    batcher.batch_hook = batch_hook
     batcher.start(loop)
     await batcher.started()  # warm-up runs on the model thread
     return batcher

@@ -155,6 +155,8 @@ def render(config: RouterConfig) -> dict[str, Any]:
     }
     listeners = [gateway]
     clusters = [_router_cluster(config)] + [_backend_cluster(b, e.ca_bundle) for b in backends]
+    if config.tracing.enabled and config.tracing.envoy:
+        clusters.append(_tracing_cluster(config))
     if e.stats_port is not None:
         listeners.append(_stats_listener(e))
         clusters.append(_cluster(ADMIN_CLUSTER, e.admin_address, e.admin_port, "0.25s"))
@@ -273,7 +275,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
     """The gateway's HTTP handling: client limits, path normalisation, who may set which headers,
     the routes, and the filters (health check, the router, Envoy's router)."""
     e = config.envoy
-    return {
+    manager: dict[str, Any] = {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": _HCM_TYPE,
@@ -340,6 +342,34 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 _router_filter(),
             ],
         },
+    }
+    if config.tracing.enabled and config.tracing.envoy:
+        manager["typed_config"]["tracing"] = _tracing(config)
+    return manager
+
+
+TRACING_CLUSTER = "otel_collector"
+
+
+def _tracing_cluster(config: RouterConfig) -> dict:
+    """The OTLP/gRPC receiver Envoy sends its spans to (tracing.endpoint, the router's too)."""
+    host, _, port = config.tracing.endpoint.rpartition(":")
+    cluster = _cluster(TRACING_CLUSTER, host, int(port), "0.25s")
+    cluster["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}}}}
+    return cluster
+
+
+def _tracing(config: RouterConfig) -> dict:
+    """Envoy's OpenTelemetry tracer: it starts the trace (W3C traceparent, a client's own is
+    continued) and hands it to the router in the ext_proc call's metadata."""
+    return {
+        "random_sampling": {"value": 100.0 * config.tracing.sample_ratio},
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": TRACING_CLUSTER}, "timeout": "1s"},
+            "service_name": "envoy"}},
     }
 
 

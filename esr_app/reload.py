@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # Sections a running process cannot swap: they shape the model and the sockets. Of the cache only
 # its store is (CacheConfig.reloaded): its matching policy names routes, and swaps with them.
-RESTART_ONLY = ("encoder", "batching", "server", "cache", "records")
+RESTART_ONLY = ("encoder", "batching", "server", "cache", "records", "tracing")
 
 
 def _running_part(config: RouterConfig, name: str, like: RouterConfig):

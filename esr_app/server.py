@@ -27,6 +27,7 @@ from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
 from esr_extproc.records import DecisionRecorder
+from esr_extproc.tracing import Tracing
 from esr_extproc.service import ExtProcService
 from esr_extproc.serving import Serving
 from esr_extproc.keeper import CacheKeeper
@@ -73,8 +74,10 @@ class RouterServer:
         self.embedder: Embedder | None = None
         self.health = health.aio.HealthServicer()
         self.process = "router" if pool_worker is None else f"worker-{pool_worker}"
+        self.tracing = Tracing(config.tracing, self.process) if config.tracing.enabled else None
         self.ext_proc = ExtProcService(self.process, ResponseCache(config.cache) if config.cache.enabled else None,
-                                       DecisionRecorder(config.records) if config.records.enabled else None)
+                                       DecisionRecorder(config.records) if config.records.enabled else None,
+                                       self.tracing)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.health_grpc: grpc.aio.Server | None = None  # server.health_port's
@@ -178,9 +181,13 @@ class RouterServer:
             client.start(asyncio.get_running_loop())
             await client.started()
             return client
-        batcher = await start_batcher(self.config, self._backend_factory)
+        batcher = await start_batcher(self.config, self._backend_factory, self._batch_hook())
         self.backend = batcher.backend
         return batcher
+
+    def _batch_hook(self):
+        """What traces this process's batches (the model process's, behind a socket, are not)."""
+        return self.tracing.batch_hook if self.tracing is not None else None
 
     def _serving_status(self):
         model_away = isinstance(self.embedder, ModelClient) and not self.embedder.connected
@@ -225,7 +232,7 @@ class RouterServer:
         """Loads `new`'s encoder in a batcher of its own beside the running one (memory for two models
         meanwhile), builds the routes on it, swaps engine and batcher in one step, then drains the
         old batcher: requests already on the old engine finish on the old model."""
-        embedder = await start_batcher(new, self._backend_factory)
+        embedder = await start_batcher(new, self._backend_factory, self._batch_hook())
         try:
             serving = await build_serving(new, embedder, None)
         except BaseException:
@@ -265,6 +272,8 @@ class RouterServer:
         if self.embedder is not None:
             await self.embedder.aclose(grace)
         self.ext_proc.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # what is still buffered goes out
         if self.ext_proc.cache is not None:
             await self.ext_proc.cache.close()
         if self._metrics_http is not None:

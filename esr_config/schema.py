@@ -9,6 +9,7 @@ from batching import BatcherSettings
 from esr_cache.config import CacheConfig
 from esr_extproc.config import BackendConfig, EnvoyConfig, ServerConfig
 from esr_extproc.records import RecordsConfig
+from esr_extproc.tracing import TracingConfig
 from esr_model.config import ModelConfig
 from esr_remote.config import RemoteEncoderConfig
 from esr_settings import require
@@ -42,6 +43,7 @@ class RouterConfig(RoutingConfig):
     log_prompts: bool = False  # prompts are user data: off unless debugging
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (docs/response-cache.md)
     records: RecordsConfig = field(default_factory=RecordsConfig)  # decision records (docs/records-and-replay.md)
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # OpenTelemetry traces (docs/tracing.md)
     # Backend model -> its price per million prompt tokens, for what `replay` says a change costs.
     prices: dict = field(default_factory=dict)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import AsyncIterator
@@ -22,6 +23,7 @@ from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE,
 from esr_extproc.json_scan import AMBIGUOUS, BadBody, member_bytes
 from esr_extproc.keeper import entry_token
 from esr_extproc.records import DecisionRecorder, decision_record
+from esr_extproc.tracing import Tracing, decision_attributes
 from esr_extproc.request_reader import ReadRequest, read_request, unread
 from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
@@ -43,10 +45,11 @@ REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_l
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
     def __init__(self, process: str = "router", cache: ResponseCache | None = None,
-                 records: DecisionRecorder | None = None):
+                 records: DecisionRecorder | None = None, tracing: Tracing | None = None):
         self._streams = metrics.STREAMS.labels(process)
         self.cache = cache  # None: no response cache
         self.records = records  # None: no decision records
+        self.tracing = tracing  # None: no traces
         # Swapped whole by a config reload (serve) without touching requests in flight. None until
         # the first engine is built.
         self.serving: Serving | None = None
@@ -71,6 +74,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream()
+        if self.tracing is not None:
+            stream.trace_metadata = tuple(context.invocation_metadata() or ())
         self._streams.inc()
         try:
             async for answer in self._process(request_iterator, stream):
@@ -185,6 +190,18 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         return replies.headers_continue(spoofed, watch, standard, buffer_body=stream.streamed)
 
     async def _on_body(self, stream: RequestStream) -> pb.ProcessingResponse:
+        if self.tracing is None:
+            return await self._decide(stream)
+        with self.tracing.request(stream.trace_metadata) as span:
+            response = await self._decide(stream)
+            if stream.outcome is not None:
+                span.set_attributes(decision_attributes(*stream.outcome))
+            return response
+
+    def _span(self, name: str):
+        return self.tracing.span(name) if self.tracing is not None else contextlib.nullcontext()
+
+    async def _decide(self, stream: RequestStream) -> pb.ProcessingResponse:
         started = time.perf_counter()
         current = self.serving
         if current is None:  # model still loading: let Envoy's default route take it
@@ -194,8 +211,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         deadline = stream.started + current.settings.deadline_s
         raw = b"".join(stream.body)
         try:
-            read = await read_request(self._bodies, stream.path, stream.headers, raw, stream.encoding, current,
-                                      deadline, cache=stream.cache is not None, facts=self.records is not None)
+            with self._span("semantic_router.read_body"):
+                read = await read_request(self._bodies, stream.path, stream.headers, raw, stream.encoding, current,
+                                          deadline, cache=stream.cache is not None, facts=self.records is not None)
         except BadBody as bad:
             metrics.BAD_REQUESTS.labels(bad.kind).inc()
             log.debug("unusable request body", extra={"kind": bad.kind, "path": stream.path})
@@ -203,17 +221,20 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return refusal(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
             read = unread(stream.path, stream.headers, raw, engine, deadline, "invalid_body")
         ctx = read.ctx
-        failure = await current.chain.run(ctx)
+        with self._span("semantic_router.filter_chain"):
+            failure = await current.chain.run(ctx)
         if failure is not None:
             metrics.FILTER_FAILURES.labels(failure).inc()
         # A decision an earlier filter made stands, also past a failure (a pinned model must reach
         # its own backend, which the body names); only an undecided request takes the default route.
         decision = ctx.decision or engine.default(failure or "default")
-        hit = await self._from_cache(stream.cache, read, decision, current)
+        with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
+            hit = await self._from_cache(stream.cache, read, decision, current)
         response = hit if hit is not None else routed_answer.routed(ctx, read.wire, decision, current.settings)
         metrics.PROCESSING.observe(time.perf_counter() - started)
+        cached = None if stream.cache is None else "hit" if hit else "miss" if stream.cache.key else "skipped"
+        stream.outcome = (decision, ctx.requested_model, cached)
         if self.records is not None and self.records.wants():
-            cached = None if stream.cache is None else "hit" if hit else "miss" if stream.cache.key else "skipped"
             tenant = tenant_of(stream.headers, current.settings.cache.tenant_header)
             self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started), ctx.turns)
         if stream.cache is not None and stream.cache.key is not None:

@@ -27,7 +27,7 @@ def canonical_path(path: str) -> str:
 
 class RequestStream:
     __slots__ = ("started", "path", "method", "headers", "body", "body_bytes", "encoding", "body_mode", "admitted",
-                 "held_headers", "unbuffered", "cache")
+                 "held_headers", "unbuffered", "cache", "trace_metadata", "outcome")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees, not from the body:
@@ -44,6 +44,8 @@ class RequestStream:
         self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.unbuffered = False  # streamed: the body came on in chunks, the override refused
         self.cache: CacheExchange | None = None  # None: its answer is neither looked up nor kept
+        self.trace_metadata: tuple = ()  # the ext_proc call's metadata, when tracing (its traceparent)
+        self.outcome: tuple | None = None  # (decision, requested model, cache result), once decided
 
     @property
     def duplex(self) -> bool:
