@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from esr_settings import require
+from esr_settings import ConfigError, require
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,17 @@ class TracingConfig:
 
 class Tracing:
     def __init__(self, config: TracingConfig, process: str = "router"):
-        from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        try:
+            from opentelemetry import trace
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        except ImportError:  # optional: the default install and the image serve without it
+            raise ConfigError("tracing.enabled: needs OpenTelemetry's SDK and OTLP exporter: "
+                              "pip install 'envoy-semantic-router[tracing]'") from None
 
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()

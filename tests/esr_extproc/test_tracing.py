@@ -1,0 +1,33 @@
+"""The tracing section and what tracing needs (traces themselves go through the real Envoy:
+tests/integration/test_tracing.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from esr_extproc.tracing import Tracing, TracingConfig, decision_attributes
+from esr_settings import ConfigError, SettingError
+from router.classifier import Decision
+
+
+@pytest.mark.parametrize("key,value", [("sample_ratio", 1.5), ("endpoint", "nohost"), ("endpoint", "h:99999")])
+def test_bad_settings_name_their_key(key, value):
+    with pytest.raises(SettingError) as raised:
+        TracingConfig(**{key: value})
+    assert raised.value.field == key
+
+
+def test_without_the_sdk_tracing_is_a_config_error_not_a_crash(monkeypatch):
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    with pytest.raises(ConfigError, match=r"\[tracing\]"):
+        Tracing(TracingConfig(enabled=True))
+
+
+def test_a_decision_becomes_attributes_without_any_text():
+    decision = Decision("math", "math-model", 0.61234, "matched", 0.9, "static")
+    assert decision_attributes(decision, "auto", "miss") == {
+        "gen_ai.request.model": "math-model", "semantic_router.route": "math", "semantic_router.reason": "matched",
+        "semantic_router.score": 0.6123, "semantic_router.confidence": 0.9, "semantic_router.tier": "static",
+        "semantic_router.requested_model": "auto", "semantic_router.cache": "miss"}
