@@ -231,7 +231,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
             hit = await self._from_cache(stream.cache, read, decision, current)
         response = hit if hit is not None else routed_answer.routed(ctx, read.wire, decision, current.settings)
-        metrics.PROCESSING.observe(time.perf_counter() - started)
+        # With tracing, a sampled request's time carries its trace id (an OpenMetrics exemplar):
+        # Grafana links a slow one to its trace.
+        traced = self.tracing.exemplar() if self.tracing is not None else None
+        metrics.PROCESSING.observe(time.perf_counter() - started, exemplar=traced)
         cached = None if stream.cache is None else "hit" if hit else "miss" if stream.cache.key else "skipped"
         stream.outcome = (decision, ctx.requested_model, cached)
         if self.records is not None and self.records.wants():

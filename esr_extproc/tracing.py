@@ -69,6 +69,11 @@ class Tracing:
         with self.tracer.start_as_current_span(name) as span:
             yield span
 
+    def exemplar(self) -> dict[str, str] | None:
+        """The current span's trace id as a metric exemplar, where the span is sampled."""
+        context = self._trace.get_current_span().get_span_context()
+        return {"trace_id": format(context.trace_id, "032x")} if context.is_valid and context.trace_flags.sampled else None
+
     def batch_hook(self, items: Sequence[Any], tokens: int, started_ns: int, ended_ns: int,
                    waits: Sequence[float]) -> None:
         """From the model thread (batching.BatchHook): the batch's span, linked from each request's

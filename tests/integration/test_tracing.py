@@ -5,6 +5,8 @@ children, and the model batch that served it links back to it."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 
 from devstack.stack import stack_with
@@ -32,6 +34,8 @@ def test_one_trace_runs_from_envoy_through_the_router_to_the_model_batch(tmp_pat
             wait_for(lambda: spans("semantic_router.request") and spans("semantic_router.model_batch")
                      and any(service == "envoy" for service, _ in receiver.snapshot()), 20,
                      "spans from Envoy and the router")
+            # The request's time, scraped as OpenMetrics, carries its trace id as an exemplar.
+            scraped = httpx.get(stack.metrics_url, headers={"accept": "application/openmetrics-text"}).text
         everything = receiver.snapshot()
         (request,) = spans("semantic_router.request")
         trace = request.trace_id
@@ -51,3 +55,6 @@ def test_one_trace_runs_from_envoy_through_the_router_to_the_model_batch(tmp_pat
         assert batches and _attrs(batches[0])["semantic_router.batch.size"] >= 1
         assert queued.links[0].span_id == batches[0].span_id
         assert not any("solve" in str(_attrs(s)) for _, s in everything), "no prompt text in a span"
+        exemplars = re.findall(r'^semantic_router_processing_seconds_bucket\{.*\} \S+ # \{trace_id="([0-9a-f]{32})"\}',
+                               scraped, re.M)
+        assert trace.hex() in exemplars
