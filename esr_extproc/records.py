@@ -57,13 +57,14 @@ def trace_id(headers: dict[str, str]) -> str | None:
 
 
 def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache: str | None,
-                    seconds: float) -> dict[str, Any]:
+                    seconds: float, parts: dict[str, float]) -> dict[str, Any]:
     """What a record says of one decided request (the texts are added by the recorder, if asked)."""
     out: dict[str, Any] = {
         "trace_id": trace_id(ctx.headers), "tenant": tenant, "path": ctx.path,
         "requested_model": ctx.requested_model, "route": decision.route, "model": decision.model,
         "reason": decision.reason, "score": round(decision.score, 4), "confidence": round(decision.confidence, 4),
         "tier": decision.tier or None, "cache": cache, "ms": round(seconds * 1000, 3),
+        "ms_parts": {name: round(s * 1000, 3) for name, s in parts.items()},
         "facts": {"prompt_tokens": ctx.facts.prompt_tokens, "tools": ctx.facts.has_tools,
                   "images": ctx.facts.has_images},
     }

@@ -221,13 +221,15 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return refusal(REFUSED[bad.kind], f"Invalid request body: {bad}", bad.kind)
             read = unread(stream.path, stream.headers, raw, engine, deadline, "invalid_body")
         ctx = read.ctx
+        read_at = time.perf_counter()
         with self._span("semantic_router.filter_chain"):
-            failure = await current.chain.run(ctx)
+            failure = await current.chain.run(ctx, self.tracing.span if self.tracing is not None else None)
         if failure is not None:
             metrics.FILTER_FAILURES.labels(failure).inc()
         # A decision an earlier filter made stands, also past a failure (a pinned model must reach
         # its own backend, which the body names); only an undecided request takes the default route.
         decision = ctx.decision or engine.default(failure or "default")
+        decided_at = time.perf_counter()
         with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
             hit = await self._from_cache(stream.cache, read, decision, current)
         response = hit if hit is not None else routed_answer.routed(ctx, read.wire, decision, current.settings)
@@ -239,7 +241,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.outcome = (decision, ctx.requested_model, cached)
         if self.records is not None and self.records.wants():
             tenant = tenant_of(stream.headers, current.settings.cache.tenant_header)
-            self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started), ctx.turns)
+            parts = {"read": read_at - started, "filters": decided_at - read_at, "cache": time.perf_counter() - decided_at}
+            self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started, parts),
+                                ctx.turns)
         if stream.cache is not None and stream.cache.key is not None:
             stream.cache.sent()
             if stream.cache.kept_by_envoy:  # the keeper's call keeps it: nothing comes through this stream

@@ -12,10 +12,11 @@ finished (FilterChain.run).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from importlib.metadata import entry_points
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, ContextManager, Mapping, Sequence
 
 from filters.builtin import BodySizeLimit, ModelPolicy, PromptGuard, SemanticRoute
 from filters.context import RequestContext
@@ -77,9 +78,10 @@ class FilterChain:
             if hook is not None:
                 await hook(engine)
 
-    async def run(self, ctx: RequestContext) -> str | None:
+    async def run(self, ctx: RequestContext, span: Callable[[str], ContextManager] | None = None) -> str | None:
         """Runs filters in order by `ctx.deadline`; an immediate reply stops the chain. -> None, or why
         the chain ended early: "fallback_timeout" (the deadline) or "fallback_error" (a filter raised).
+        `span`: a tracer's span per filter, by name.
 
         Then a reply a filter left half-made does not stand, and each filter that had not finished
         and must decide all the same (a guard: `undecided(ctx, why)`, by its `on_error`) decides
@@ -88,7 +90,9 @@ class FilterChain:
         try:
             async with asyncio.timeout_at(ctx.deadline):
                 for f in self.filters:
-                    await f(ctx)
+                    with span(f"semantic_router.filter.{getattr(f, 'name', type(f).__name__)}") if span \
+                            else contextlib.nullcontext():
+                        await f(ctx)
                     done += 1
                     if ctx.immediate is not None:
                         return None

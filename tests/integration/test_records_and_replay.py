@@ -91,7 +91,7 @@ def test_records_carry_the_decision_and_its_trace(served):
     _, records, _ = served["served"]
     assert len(records) == len(PROMPTS) + 2
     first = records[0]
-    assert {"time", "trace_id", "tenant", "route", "model", "reason", "score", "confidence", "cache", "ms",
+    assert {"time", "trace_id", "tenant", "route", "model", "reason", "score", "confidence", "cache", "ms", "ms_parts",
             "facts", "texts"} <= set(first)
     assert first["texts"] == [PROMPTS[0]] and first["route"] == "math" and len(first["trace_id"]) == 32
     assert first["tenant"] and "authorization" not in json.dumps(first)

@@ -47,6 +47,9 @@ def test_one_trace_runs_from_envoy_through_the_router_to_the_model_batch(tmp_pat
         assert attrs["semantic_router.reason"] == "matched"
         children = {s.name: s for s in (s for _, s in everything) if s.trace_id == trace and s.parent_span_id == request.span_id}
         assert {"semantic_router.read_body", "semantic_router.filter_chain"} <= set(children)
+        chain = children["semantic_router.filter_chain"].span_id
+        filters = {s.name for _, s in everything if s.trace_id == trace and s.parent_span_id == chain}
+        assert filters == {"semantic_router.filter.model_policy", "semantic_router.filter.semantic_route"}
         ours = {s.span_id for _, s in everything if s.trace_id == trace}
         (queued,) = [s for _, s in everything if s.name == "semantic_router.queue_wait" and s.trace_id == trace]
         assert queued.parent_span_id in ours
