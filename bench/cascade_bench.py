@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from bench.ext_proc_bench import launch_router
 from bench.frontend_bench import tree_cpu
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import free_port
 
@@ -67,11 +65,9 @@ def main() -> None:
     p.add_argument("--overload", action="store_true", help="also c512: answers Envoy passed without the router")
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("the cascade benchmark needs wrk: apt-get install wrk")
     if not args.config.is_file():
         raise SystemExit(f"{args.config}: no fitted config (make clinc150)")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-cascade-"))
+    workdir = wrk_workdir("cascade")
     texts = [json.loads(line)["text"] for line in args.data.read_text().splitlines() if line.strip()]
     script = workdir / "prompts.lua"
     script.write_text(wrk_script(texts))

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
-from bench.overload_bench import run_wrk, scrape, start_direct_envoy
+from bench.overload_bench import run_wrk, scrape, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 
@@ -124,9 +122,7 @@ def main() -> None:
     p.add_argument("--batch-ms", type=float, default=2.0, help="the stub model's fixed cost per batch")
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("the front-end benchmark needs wrk: apt-get install wrk")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-frontend-"))
+    workdir = wrk_workdir("frontend")
     scripts = {"pinned": workdir / "pinned.lua", "full": workdir / "full.lua"}
     from bench.overload_bench import WRK_SCRIPT
 

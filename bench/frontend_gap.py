@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from bench.ext_proc_bench import start_router
 from bench.frontend_bench import PINNED_SCRIPT, tree_cpu
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 
@@ -42,9 +39,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("needs wrk: apt-get install wrk")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-frontend-gap-"))
+    workdir = wrk_workdir("frontend-gap")
     script = workdir / "pinned.lua"
     script.write_text(PINNED_SCRIPT + WRK_SCRIPT[WRK_SCRIPT.index("function response"):])
     (workdir / "ours").mkdir()

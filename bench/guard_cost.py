@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from bench.ext_proc_bench import launch_router
-from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 
@@ -28,13 +26,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("needs wrk: apt-get install wrk")
+    workdir = wrk_workdir("guard-cost")
     fitted = yaml.safe_load(args.guard.read_text())
     base = yaml.safe_load((ROOT / "router.yaml").read_text())
     base["cache_size"] = 0
     guarded = {**base, "filters": fitted["filters"], "filter_settings": fitted["filter_settings"]}
-    workdir = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     script = workdir / "prompts.lua"
     script.write_text(WRK_SCRIPT)
     stacks = {}

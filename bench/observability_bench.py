@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from bench.ext_proc_bench import launch_router
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import free_port
 from tests.support.otlp import Receiver
@@ -38,9 +36,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("the observability benchmark needs wrk: apt-get install wrk")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-records-"))
+    workdir = wrk_workdir("observability")
     script = workdir / "prompts.lua"
     script.write_text(WRK_SCRIPT)
     base = yaml.safe_load((ROOT / "router.yaml").read_text())

@@ -120,6 +120,14 @@ def model_side(before: dict, after: dict) -> dict:
     }
 
 
+
+def wrk_workdir(name: str) -> Path:
+    """A fresh work directory for the `name` benchmark, which drives Envoy with wrk; exits where
+    wrk is missing."""
+    if not shutil.which("wrk"):
+        raise SystemExit(f"the {name} benchmark needs wrk: apt-get install wrk")
+    return Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+
 def run_wrk(port: int, concurrency: int, seconds: float, script: Path, good: tuple[str, ...] = GOOD) -> dict:
     threads = min(2, concurrency)
     out = subprocess.run(
@@ -152,9 +160,7 @@ def main() -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto", help="encoder.precision (onnx)")
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("the overload benchmark needs wrk: apt-get install wrk")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-overload-"))
+    workdir = wrk_workdir("overload")
     script = workdir / "prompts.lua"
     script.write_text(WRK_SCRIPT)
     deadline_ms = load_config(ROOT / "router.yaml").server.deadline_ms

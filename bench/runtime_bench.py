@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from bench.ext_proc_bench import start_router
 from bench.frontend_bench import tree_cpu
-from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy
+from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from bench.workloads import WORKLOADS
 from devstack.stack import free_port
@@ -113,9 +111,7 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--out")
     args = p.parse_args()
-    if not shutil.which("wrk"):
-        raise SystemExit("the runtime benchmark needs wrk: apt-get install wrk")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
+    workdir = wrk_workdir("runtime")
     rows = through_envoy(args, workdir)
     rows += model_alone(args)
 
