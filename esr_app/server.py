@@ -178,6 +178,7 @@ class RouterServer:
         batcher here."""
         if self.config.encoder.socket is not None:
             client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state)
+            client.call_span = self.tracing.span if self.tracing is not None else None
             client.start(asyncio.get_running_loop())
             await client.started()
             return client

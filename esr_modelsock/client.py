@@ -8,12 +8,13 @@ background, and `on_state` tells the owner (health) when it comes and goes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
 
@@ -59,6 +60,9 @@ class ModelClient:
         self.path = str(path)
         self.on_state = on_state or (lambda up: None)
         self.model: dict | None = None  # the model process's HELLO: model, dimension, pid
+        # A tracer's span around each call (by name): the model process's queue and batch as the
+        # request sees them. None: not traced.
+        self.call_span: Callable[[str], ContextManager] | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._transport: asyncio.Transport | None = None
@@ -141,7 +145,8 @@ class ModelClient:
         out.write(wire.embed_frame(request_id, budget, raw))
         try:
             async with asyncio.timeout_at(deadline):
-                return await fut
+                with self.call_span("semantic_router.model_socket") if self.call_span else contextlib.nullcontext():
+                    return await fut
         except TimeoutError:
             self._cancel(request_id)
             raise DeadlineExceeded("deadline passed waiting for the model process") from None

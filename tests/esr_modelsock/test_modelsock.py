@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import time
@@ -65,6 +66,26 @@ def test_embeddings_cross_the_socket_exactly(tmp_path):
         for text, vector in zip(texts, vectors):
             np.testing.assert_array_equal(vector, vector_for(text))
         assert client.model["model"] == "fake" and client.model["dimension"] == FakeBackend.dim
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_a_tracer_sees_each_call_across_the_socket(tmp_path):
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        client = await connect(side.path)
+        spans: list[str] = []
+
+        @contextlib.contextmanager
+        def span(name: str):
+            spans.append(name)
+            yield
+
+        client.call_span = span
+        await asyncio.gather(*(client.embed(f"traced {i}", soon(5)) for i in range(3)))
+        assert spans == ["semantic_router.model_socket"] * 3
         await client.aclose()
         await side.stop()
 

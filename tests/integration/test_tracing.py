@@ -61,3 +61,28 @@ def test_one_trace_runs_from_envoy_through_the_router_to_the_model_batch(tmp_pat
         exemplars = re.findall(r'^semantic_router_processing_seconds_bucket\{.*\} \S+ # \{trace_id="([0-9a-f]{32})"\}',
                                scraped, re.M)
         assert trace.hex() in exemplars
+
+
+def test_behind_a_model_process_the_call_across_its_socket_is_a_span_of_the_request(tmp_path):
+    """A pool (server.workers: 2): the batch runs in the model process, untraced; the worker's call
+    across the socket is a span of the request's own trace, inside its filter."""
+    with Receiver() as receiver:
+        def pooled(config):
+            config["server"]["workers"] = 2
+            config["tracing"] = {"enabled": True, "endpoint": f"127.0.0.1:{receiver.port}", "sample_ratio": 1.0}
+
+        with stack_with(tmp_path, pooled) as stack:
+            r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
+                           json={"model": "auto", "messages": [{"role": "user", "content": "write a rust macro for logging"}]})
+            assert r.status_code == 200
+
+            def named(name: str):
+                return [s for _, s in receiver.snapshot() if s.name == name]
+
+            wait_for(lambda: named("semantic_router.request") and named("semantic_router.model_socket"), 20,
+                     "the request's span and its model-socket call")
+        (request,) = named("semantic_router.request")
+        spans = {s.span_id: s for _, s in receiver.snapshot() if s.trace_id == request.trace_id}
+        (call,) = [s for s in spans.values() if s.name == "semantic_router.model_socket"]
+        parent = spans[call.parent_span_id]
+        assert parent.name == "semantic_router.filter.semantic_route"
