@@ -38,6 +38,18 @@ async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
     return replies.duplex(held, await on_body(stream), b"".join(stream.body))
 
 
+def over_limit(stream: RequestStream, limit: int | None) -> pb.ProcessingResponse | None:
+    """A 413 for a streamed LLM call whose body, asked for whole, came larger than Envoy's own
+    request limit: Envoy enforces envoy.max_request_bytes on bodies it buffers from the start, but
+    not on one it buffers after a mode override (measured: a 12 MiB body reached the router)."""
+    if not (stream.streamed and stream.llm_call and not stream.unbuffered) or limit is None \
+            or stream.body_bytes <= limit:
+        return None
+    stream.body = []
+    metrics.BAD_REQUESTS.labels("too_large_upload").inc()
+    return refusal(413, f"Request body over {limit} bytes.", "request_too_large")
+
+
 def refused_override() -> None:
     metrics.BAD_REQUESTS.labels("streamed_unbuffered").inc()
     log.warning("Envoy streamed an LLM call's body on after its headers: set allow_mode_override "

@@ -16,7 +16,7 @@ from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
 from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
-from esr_extproc.body_modes import duplex_chunk, refused_override, too_late_to_route
+from esr_extproc.body_modes import duplex_chunk, over_limit, refused_override, too_late_to_route
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.body_rewrite import set_body
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -115,7 +115,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     for answer in await duplex_chunk(stream, chunk.end_of_stream, self._limit(), self._on_body):
                         yield answer
                 elif chunk.end_of_stream:
-                    answer = await self._on_body(stream)
+                    answer = over_limit(stream, self._limit()) or await self._on_body(stream)
                     self._release(stream)  # answered: what the stream waits for now is the backend's
                     yield too_late_to_route(answer) if stream.unbuffered else answer
                 else:
