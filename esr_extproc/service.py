@@ -8,7 +8,6 @@ import logging
 import time
 from typing import AsyncIterator
 
-import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -18,19 +17,18 @@ from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_modes import duplex_chunk, over_limit, refused_override, too_late_to_route
 from esr_extproc.body_parser import BodyParser
-from esr_extproc.body_rewrite import set_body
+from esr_extproc.cache_lookup import cached_answer
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
-from esr_extproc.json_scan import AMBIGUOUS, BadBody, member_bytes
+from esr_extproc.json_scan import AMBIGUOUS, BadBody
 from esr_extproc.keeper import entry_token
 from esr_extproc.records import DecisionRecorder, decision_record
 from esr_extproc.tracing import Tracing, decision_attributes
-from esr_extproc.request_reader import ReadRequest, read_request, unread
+from esr_extproc.request_reader import read_request, unread
 from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
 from esr_extproc.shedding import overloaded
 from esr_extproc.stream import RequestStream, canonical_path
-from router.classifier import Decision
-from router.engine import RoutingEngine, RoutingUnavailable
+from router.engine import RoutingEngine
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +229,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         decision = ctx.decision or engine.default(failure or "default")
         decided_at = time.perf_counter()
         with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
-            hit = await self._from_cache(stream.cache, read, decision, current)
+            hit = await cached_answer(stream.cache, read, decision, current.settings)
         response = hit if hit is not None else routed_answer.routed(ctx, read.wire, decision, current.settings)
         # With tracing, a sampled request's time carries its trace id (an OpenMetrics exemplar):
         # Grafana links a slow one to its trace.
@@ -250,26 +248,3 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 turn = stream.cache.turn
                 response = replies.naming_cache_entry(response, entry_token(*stream.cache.hand_to_keeper(), turn))
         return response
-
-    @staticmethod
-    async def _from_cache(exchange: CacheExchange | None, read: ReadRequest, decision: Decision, serving: Serving
-                          ) -> pb.ProcessingResponse | None:
-        """A cached answer to this request, or None (on a miss the exchange remembers its key)."""
-        ctx = read.ctx
-        if exchange is None or ctx.immediate is not None:
-            return None
-
-        async def embed(text: str) -> np.ndarray | None:
-            known = ctx.embedded(text)  # routing has usually embedded this turn already
-            if known is not None:
-                return known
-            try:
-                return await ctx.engine.embed(text, ctx.deadline)
-            except RoutingUnavailable:
-                return None
-
-        view = read.cache_view if ctx.unread is None else None
-        written = {name: member_bytes(value) for name, value in set_body(ctx, decision, serving.settings).items()}
-        hit = await exchange.lookup(view, ctx.body_changed, decision.model, decision.route, serving.settings.cache,
-                                    written, embed)
-        return routed_answer.cache_hit(*hit, decision) if hit is not None else None
