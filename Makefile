@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.lock
+	# xds-protos ships an older copy of OpenTelemetry's protos in the same files; whichever installs
+	# last wins. OpenTelemetry's own must (its exporter needs them; Envoy's protos read either).
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $$(grep '^opentelemetry-proto==' requirements.lock)
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

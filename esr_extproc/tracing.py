@@ -42,9 +42,10 @@ class Tracing:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-        except ImportError:  # optional: the default install and the image serve without it
-            raise ConfigError("tracing.enabled: needs OpenTelemetry's SDK and OTLP exporter: "
-                              "pip install 'envoy-semantic-router[tracing]'") from None
+        except ImportError as exc:  # optional: the default install and the image serve without it
+            raise ConfigError(f"tracing.enabled: OpenTelemetry's SDK and OTLP exporter do not import ({exc}): "
+                              "pip install 'envoy-semantic-router[tracing]', then opentelemetry-proto again "
+                              "(docs/tracing.md)") from None
 
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()
