@@ -238,7 +238,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         cached = None if stream.cache is None else "hit" if hit else "miss" if stream.cache.key else "skipped"
         stream.outcome = (decision, ctx.requested_model, cached)
         if self.records is not None and self.records.wants():
-            tenant = tenant_of(stream.headers, current.settings.cache.tenant_header)
+            tenant = stream.cache.tenant if stream.cache is not None else \
+                tenant_of(stream.headers, current.settings.cache.tenant_header)  # hashed once
             parts = {"read": read_at - started, "filters": decided_at - read_at, "cache": time.perf_counter() - decided_at}
             self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started, parts),
                                 ctx.turns)

@@ -80,24 +80,20 @@ class Tracing:
         """From the model thread (batching.BatchHook): the batch's span, linked from each request's
         span, and each request's wait in the queue as a span of its own trace."""
         trace = self._trace
-        served = [item.origin.run(trace.get_current_span) for item in items if item.origin is not None]
-        served = [s for s in served if s.get_span_context().is_valid]
+        # Each request's span, read once from the context it submitted in (None: not traced).
+        spans = [item.origin.run(trace.get_current_span) if item.origin is not None else None for item in items]
+        served = [(item, span, wait) for item, span, wait in zip(items, spans, waits)
+                  if span is not None and span.get_span_context().is_valid]
         if not served:
             return
-        links = [trace.Link(s.get_span_context()) for s in served]
-        batch = self.tracer.start_span("semantic_router.model_batch", links=links, start_time=started_ns,
+        batch = self.tracer.start_span("semantic_router.model_batch", start_time=started_ns,
+                                       links=[trace.Link(span.get_span_context()) for _, span, _ in served],
                                        attributes={"semantic_router.batch.size": len(items),
                                                    "semantic_router.batch.tokens": tokens})
         batch.end(ended_ns)
-        for item, wait in zip(items, waits):
-            if item.origin is None:
-                continue
-            parent = item.origin.run(trace.get_current_span)
-            if not parent.get_span_context().is_valid:
-                continue
-            wait_ns = int(wait * 1e9)
-            queued = self.tracer.start_span("semantic_router.queue_wait", context=trace.set_span_in_context(parent),
-                                            start_time=started_ns - wait_ns,
+        for item, span, wait in served:
+            queued = self.tracer.start_span("semantic_router.queue_wait", context=trace.set_span_in_context(span),
+                                            start_time=started_ns - int(wait * 1e9),
                                             links=[trace.Link(batch.get_span_context())],
                                             attributes={"semantic_router.tokens": item.n_tokens})
             queued.end(started_ns)
