@@ -16,11 +16,22 @@ from esr_extproc.json_scan import BadBody, scan_unread
 NAME = web.AppKey("name", str)
 # Requests seen per `x-mock-key`, over every backend: how many attempts reached an upstream.
 ATTEMPTS: web.AppKey = web.AppKey("attempts", dict)
+# The backends each `x-mock-key` reached, in order.
+SEEN: web.AppKey = web.AppKey("seen", dict)
 
 # Request headers worth showing back, so tests can see what actually reached the backend.
 _ECHOED = ("x-selected-model", "x-semantic-route", "x-semantic-route-reason", "content-length", "content-encoding",
            "transfer-encoding", "x-gateway-model-name", "x-gateway-base-model-name", "x-ai-eg-model",
-           "x-semantic-router-sent-at")
+           "x-semantic-router-sent-at", "x-semantic-router-chain", "x-semantic-router-model-at")
+
+
+def _named(request: web.Request, header: str) -> str | None:
+    """This backend's entry in a `name=value,...` header (a failure asked of one backend by name)."""
+    for item in request.headers.get(header, "").split(","):
+        name, _, value = item.strip().partition("=")
+        if name == request.app[NAME]:
+            return value
+    return None
 
 
 def _echo(request: web.Request, raw: bytes, body: dict | None = None) -> dict:
@@ -41,9 +52,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     key = request.headers.get("x-mock-key")
     if key is not None:
         request.app[ATTEMPTS][key] = request.app[ATTEMPTS].get(key, 0) + 1
-    if "x-mock-status" in request.headers:  # a failing backend, on request
-        return web.json_response({"error": {"message": "mock failure"}}, status=int(request.headers["x-mock-status"]),
-                                 headers={"x-mock-backend": name})
+        request.app[SEEN].setdefault(key, []).append(name)
+    failed = request.headers.get("x-mock-status") or _named(request, "x-mock-fail")
+    if failed:  # a failing backend, on request: every one (x-mock-status), or one by name (x-mock-fail)
+        extra = {"retry-after": "30"} if failed == "429" else {}
+        return web.json_response({"error": {"message": "mock failure"}}, status=int(failed),
+                                 headers={"x-mock-backend": name, **extra})
+    stall = _named(request, "x-mock-stall")
+    if stall:  # no headers for this long (a hung model)
+        await asyncio.sleep(float(stall) / 1000)
     if len(raw) > 256 * 1024:
         # Decoding megabytes here would stall every mock backend (they share one loop) and show
         # up as the gateway's latency in tests that send large bodies.
@@ -69,7 +86,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         # A long answer on request: x-mock-chunks events of one short word each (a token a chunk).
         pieces = text.split(" ") + [f"w{i}" for i in range(int(request.headers.get("x-mock-chunks", 0)))]
+        cut = _named(request, "x-mock-cut") is not None  # dies once the stream has started
         for i, piece in enumerate(pieces):
+            if cut and i == 2:
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
             await asyncio.sleep(pause)
             chunk = {
                 "id": "chatcmpl-mock",
@@ -103,10 +125,11 @@ async def anything(request: web.Request) -> web.Response:
     return web.json_response({"mock": _echo(request, raw)}, headers={"x-mock-backend": request.app[NAME]})
 
 
-def make_app(name: str, attempts: dict | None = None) -> web.Application:
+def make_app(name: str, attempts: dict | None = None, seen: dict | None = None) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[NAME] = name
     app[ATTEMPTS] = {} if attempts is None else attempts
+    app[SEEN] = {} if seen is None else seen
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_route("*", "/{tail:.*}", anything)
     return app
@@ -119,8 +142,9 @@ class MockBackends:
         self.ports = dict(ports)
         self.host = host
         self._loop = asyncio.new_event_loop()
-        self._runners: list[web.AppRunner] = []
+        self._runners: dict[str, web.AppRunner] = {}
         self.attempts: dict[str, int] = {}  # x-mock-key -> requests that reached any of them
+        self.seen: dict[str, list[str]] = {}  # x-mock-key -> the backends it reached, in order
         self._thread = threading.Thread(target=self._loop.run_forever, name="mock-backends", daemon=True)
 
     def start(self) -> None:
@@ -128,18 +152,28 @@ class MockBackends:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
 
     async def _start(self) -> None:
-        for name, port in self.ports.items():
-            runner = web.AppRunner(make_app(name, self.attempts), access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, self.host, port).start()
-            self._runners.append(runner)
+        for name in self.ports:
+            await self._start_one(name)
+
+    async def _start_one(self, name: str) -> None:
+        runner = web.AppRunner(make_app(name, self.attempts, self.seen), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.host, self.ports[name]).start()
+        self._runners[name] = runner
+
+    def down(self, name: str) -> None:
+        """Stops one backend: its port refuses connections until `up`."""
+        asyncio.run_coroutine_threadsafe(self._runners.pop(name).cleanup(), self._loop).result(timeout=30)
+
+    def up(self, name: str) -> None:
+        asyncio.run_coroutine_threadsafe(self._start_one(name), self._loop).result(timeout=30)
 
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
 
         async def _stop():
-            for r in self._runners:
+            for r in self._runners.values():
                 await r.cleanup()
 
         asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)

@@ -7,6 +7,7 @@ gateway and the router cannot disagree on models, ports or timeouts.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from typing import Any
 
 import yaml
@@ -15,9 +16,10 @@ from esr_config import RouterConfig
 
 from esr_extproc.config import BackendConfig
 from esr_extproc import keeper
-from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, LLM_PATHS, PINNED_NAMESPACE, ROUTER_HEADERS, SELECTED_MODEL,
-                                 SENT_AT,
-                                 SHOWN_TO_CLIENTS)
+from esr_extproc.headers import (ATTEMPT_MODEL, ATTEMPTS, CACHE_KEEPER, CACHE_NAMESPACE, CHAIN, LLM_PATHS, MODEL_AT,
+                                 MODEL_METADATA, PINNED_NAMESPACE, ROUTE, ROUTER_HEADERS, SELECTED_MODEL, SENT_AT,
+                                 SERVED_MODEL, SHOWN_TO_CLIENTS, WRITTEN_MODEL)
+from router.config import FailoverConfig
 
 ROUTER_CLUSTER = "semantic_router"
 ADMIN_CLUSTER = "envoy_admin"
@@ -62,8 +64,19 @@ def _cluster(name: str, host: str, port: int, connect_timeout: str) -> dict:
     }
 
 
-def _backend_cluster(b: BackendConfig, ca_bundle: str) -> dict:
+def _backend_cluster(b: BackendConfig, ca_bundle: str, failover: FailoverConfig) -> dict:
     cluster = _cluster(b.model, b.address, b.port, "1s")
+    # Which model this endpoint serves: a failover attempt's upstream filter reads it (_failover_filters).
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] = {
+        "filter_metadata": {MODEL_METADATA: {"model": b.model}}}
+    if failover.eject_after:
+        # A model failing eject_after times in a row (5xx, refused or reset connections) is skipped
+        # by the failover clusters for eject_s, longer each time: failover then costs the first
+        # requests, not every one. Its only endpoint may go (a plain route to it still tries it:
+        # Envoy's panic threshold sends to an all-ejected cluster anyway).
+        cluster["outlier_detection"] = {
+            "consecutive_5xx": failover.eject_after, "consecutive_gateway_failure": failover.eject_after,
+            "interval": "1s", "base_ejection_time": f"{failover.eject_s:g}s", "max_ejection_percent": 100}
     if b.tls:
         # Verified: the certificate must chain to the CA bundle and name the server we asked for
         # (without a validation context Envoy accepts any certificate, and prompts and clients'
@@ -106,7 +119,17 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
     default = {"cluster": config.default_route.model, "timeout": upstream}
     llm = {"safe_regex": {"regex": llm_path_regex()}}
     on = config.envoy.route_header or SELECTED_MODEL
+    served = {"header": {"key": SERVED_MODEL, "value": f"%UPSTREAM_METADATA({MODEL_METADATA}:model)%"},
+              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
+    attempts = {"header": {"key": ATTEMPTS, "value": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
     routes = [
+        {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}},
+                                      {"name": ROUTE, "string_match": {"exact": route}}]},
+         "route": {"cluster": chain_cluster(chain), "timeout": upstream, "retry_policy": _retry_policy(chain, timeout)}}
+        for route, chain, timeout in failover_chains(config)
+    ]
+    routes += [
         {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}]},
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
@@ -121,6 +144,8 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
             for b in backends
         ]
     routes.append({"match": llm, "route": default})
+    for r in routes:  # what answered, and after how many tries (docs/failover.md)
+        r["response_headers_to_add"] = [served, attempts]
     routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
                for prefix in config.envoy.passthrough_paths]
     routes.append({
@@ -131,6 +156,108 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         "typed_per_filter_config": _EXT_PROC_OFF,
     })
     return routes
+
+
+def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None]]:
+    """(route, chain, header timeout) for every chain the router may name for a route: each ordered
+    subset of two up to failover.max_attempts of its ranked models (the capable ones of a request,
+    router/capabilities.py), the route's header timeout with it."""
+    out = []
+    attempts = config.failover.max_attempts
+    for route in (*config.routes, config.default_route):
+        timeout = route.header_timeout_ms if route.header_timeout_ms is not None else config.failover.header_timeout_ms
+        for size in range(2, min(attempts, len(route.models)) + 1):
+            out += [(route.name, chain, timeout) for chain in itertools.combinations(route.models, size)]
+    return out
+
+
+def chain_cluster(chain: tuple[str, ...]) -> str:
+    """The failover cluster of a chain (a comma is in no model's name: router.config header_safe)."""
+    return "failover:" + ",".join(chain)
+
+
+def _retry_policy(chain: tuple[str, ...], header_timeout_ms: float | None) -> dict:
+    """Each retry to the next model of the chain (the next priority of its aggregate cluster; an
+    ejected model's is skipped), at once: a 429's retry-after is a reason to move on, not to wait."""
+    policy: dict[str, Any] = {
+        # 5xx covers refused and reset connections and a per-try timeout too (Envoy answers 503/504).
+        "retry_on": "connect-failure,refused-stream,reset,5xx,retriable-status-codes",
+        "retriable_status_codes": [429],
+        "num_retries": len(chain) - 1,
+        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+            "update_frequency": 1}},
+        "retry_back_off": {"base_interval": "0.001s", "max_interval": "0.005s"},
+    }
+    if header_timeout_ms is not None:
+        policy["per_try_timeout"] = _ms(header_timeout_ms)  # ends at the response's headers (measured)
+    return policy
+
+
+# Each failover attempt's upstream filter: the model of the endpoint Envoy picked (header_mutation
+# puts it in a header, from the endpoint's metadata), written into the body where the router put the
+# first model's (headers.MODEL_AT). The first attempt goes as the router forwarded it. An attempt may
+# see the body an earlier one rewrote, or the router's: either model is accepted there; anything else
+# is left as sent.
+_FAILOVER_LUA = """
+local AT, CHOSEN, ATTEMPT, WRITTEN = "%(at)s", "%(chosen)s", "%(attempt)s", "%(written)s"
+
+local function quoted(model)
+  return '"' .. model .. '"'
+end
+
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  local at, chosen, model = tonumber(headers:get(AT) or ""), headers:get(CHOSEN), headers:get(ATTEMPT)
+  local written = headers:get(WRITTEN)
+  if at == nil or chosen == nil or model == nil or model == "" or (model == chosen and written == nil) then
+    return
+  end
+  local body = handle:body()
+  if body == nil then
+    return
+  end
+  local n = body:length()
+  for _, was in ipairs({written or chosen, chosen}) do
+    local q = quoted(was)
+    if at + #q <= n and body:getBytes(at, #q) == q then
+      body:setBytes(body:getBytes(0, at) .. quoted(model) .. body:getBytes(at + #q, n - at - #q))
+      headers:replace("content-length", tostring(body:length()))
+      headers:replace(WRITTEN, model)
+      return
+    end
+  end
+end
+"""
+
+
+def _failover_cluster(chain: tuple[str, ...]) -> dict:
+    """An aggregate of the chain's backend clusters, in order: each a priority, so a retry goes to
+    the next (previous_priorities) and an ejected model is passed over; every attempt through the
+    upstream filters that rewrite the body's model for the endpoint picked."""
+    code = _FAILOVER_LUA % {"at": MODEL_AT, "chosen": SELECTED_MODEL, "attempt": ATTEMPT_MODEL, "written": WRITTEN_MODEL}
+    return {
+        "name": chain_cluster(chain),
+        "connect_timeout": "1s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig", "clusters": list(chain)}},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "use_downstream_protocol_config": {},
+            "http_filters": [
+                {"name": "envoy.filters.http.header_mutation", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                    "mutations": {"request_mutations": [{"append": {
+                        "header": {"key": ATTEMPT_MODEL, "value": f"%UPSTREAM_METADATA({MODEL_METADATA}:model)%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]}}},
+                {"name": "envoy.filters.http.lua", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                    "default_source_code": {"inline_string": code}}},
+                {"name": "envoy.filters.http.upstream_codec", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}},
+            ]}},
+    }
 
 
 def default_backends(config: RouterConfig, first_port: int = 8100) -> tuple[BackendConfig, ...]:
@@ -154,7 +281,8 @@ def render(config: RouterConfig) -> dict[str, Any]:
         "filter_chains": [{"filters": [_connection_manager(config, backends)]}],
     }
     listeners = [gateway]
-    clusters = [_router_cluster(config)] + [_backend_cluster(b, e.ca_bundle) for b in backends]
+    clusters = [_router_cluster(config)] + [_backend_cluster(b, e.ca_bundle, config.failover) for b in backends]
+    clusters += [_failover_cluster(chain) for chain in dict.fromkeys(c for _, c, _ in failover_chains(config))]
     if config.tracing.enabled and config.tracing.envoy:
         clusters.append(_tracing_cluster(config))
     if e.stats_port is not None:
@@ -309,7 +437,8 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 # route sees them, also while the router is down. The cache's tenant header too: a
                 # client that could write it could read another tenant's answers (docs/response-cache.md:
                 # an authenticating filter placed before the router sets it).
-                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, *config.server.gateway_headers,
+                "internal_only_headers": [*ROUTER_HEADERS, CACHE_KEEPER, SENT_AT, ATTEMPT_MODEL, WRITTEN_MODEL,
+                                          *config.server.gateway_headers,
                                           *_tenant_header(config)],
                 # The router removes its stamp when it answers; this also when it cannot (down, failed open).
                 "request_headers_to_remove": [SENT_AT],

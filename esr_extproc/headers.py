@@ -9,7 +9,22 @@ CONFIDENCE = "x-semantic-route-confidence"  # the probability the route is right
 TRUNCATED = "x-semantic-route-truncated"  # set when the routed text was longer than the encoder reads
 TIER = "x-semantic-route-tier"  # which cascade tier's model decided: static or encoder (router/static_tier.py)
 
-ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER)
+# The route's models passed over for what they lack, "model:capability" comma-separated (router/capabilities.py).
+SKIPPED = "x-semantic-route-skipped"
+# The models Envoy tries in turn, comma-separated, where there are two or more: it routes the request
+# to their failover cluster (docs/failover.md). Internal only, as the next.
+CHAIN = "x-semantic-router-chain"
+# Where the forwarded body's `model` value starts: each attempt's upstream filter writes its own
+# model there. Removed by that filter before the backend.
+MODEL_AT = "x-semantic-router-model-at"
+
+# Set per failover attempt by the failover cluster's upstream filters: the model of the endpoint
+# Envoy picked (from its metadata, MODEL_METADATA), and the model an attempt wrote into the body.
+ATTEMPT_MODEL = "x-semantic-router-attempt-model"
+WRITTEN_MODEL = "x-semantic-router-written-model"
+MODEL_METADATA = "semantic_router"  # the endpoint metadata namespace naming a backend's model
+
+ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER, SKIPPED, CHAIN, MODEL_AT)
 # Set by the rendered Envoy config's answer keeper (a Lua filter before the router, after Envoy has
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
@@ -27,7 +42,11 @@ CACHE_NAMESPACE = "semantic_router.cache"
 # router: routes read it when the router chose nothing, and the router, sent it, knows that a
 # request it sheds at the headers still reaches the model it pins.
 PINNED_NAMESPACE = "semantic_router.pinned"
-SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER)  # copied onto responses by Envoy
+SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED)  # copied onto responses by Envoy
+# Set on responses by the rendered config: the model that answered (an attempt's upstream filter, or
+# the route) and how many models were tried (docs/failover.md).
+SERVED_MODEL = "x-semantic-route-served-model"
+ATTEMPTS = "x-semantic-route-attempts"
 
 # Routed paths (any prefix before them: `/openai/v1/...`); every other path is refused by Envoy
 # unless the config lists it in envoy.passthrough_paths.

@@ -323,3 +323,25 @@ def with_members(raw: bytes, members: dict[str, tuple[tuple[int, int] | None, An
     rest = raw[i:].lstrip(b" \t\n\r")
     sep = b"" if rest.startswith(b"}") else b","
     return raw[:i] + added + sep + raw[i:]
+
+
+def value_at(raw: bytes, members: dict[str, tuple[tuple[int, int] | None, Any]], key: str,
+             span: tuple[int, int] | None) -> int:
+    """Where the value of top-level member `key` starts in `with_members(raw, members)`: `span`, its
+    value's span in `raw` (None: `members` adds it)."""
+    added = [(k, v) for k, (s, v) in members.items() if s is None]
+    pos = raw.index(b"{") + 1
+    if span is None:
+        for k, v in added:
+            head = len(json.dumps(k).encode()) + 1  # "key":
+            if k == key:
+                return pos + head
+            pos += head + len(member_bytes(v)) + 1  # and the comma after it
+        raise KeyError(key)
+    start = span[0]
+    for s, v in members.values():
+        if s is not None and s[0] < span[0]:
+            start += len(member_bytes(v)) - (s[1] - s[0])
+    if added:  # inserted first, with a comma: the body has members (this one)
+        start += sum(len(json.dumps(k).encode()) + 1 + len(member_bytes(v)) for k, v in added) + len(added)
+    return start

@@ -14,6 +14,7 @@ from esr_extproc.body_rewrite import WireBody
 from esr_extproc.serving import Serving
 from filters.context import RequestContext
 from router.engine import RoutingEngine
+from router.rules import RequestFacts
 
 
 class ReadRequest(NamedTuple):
@@ -25,8 +26,10 @@ class ReadRequest(NamedTuple):
 def unread(path: str, headers: dict[str, str], raw: bytes, engine: RoutingEngine, deadline: float,
            why: str | None) -> ReadRequest:
     """A request with nothing read from its body yet (`why`: why nothing will be)."""
+    # Its tokens a byte each in four, the estimate's upper end: a body nobody read is never sent to a
+    # model whose context it may not fit (router/capabilities.py); tools and images are not known.
     ctx = RequestContext(path=path, headers=headers, body={}, requested_model=None, deadline=deadline, engine=engine,
-                         body_bytes=len(raw), unread=why)
+                         body_bytes=len(raw), unread=why, facts=RequestFacts(prompt_tokens=len(raw) // 4))
     return ReadRequest(ctx, WireBody(raw), None)
 
 
@@ -41,13 +44,15 @@ async def read_request(bodies: BodyParser, path: str, headers: dict[str, str], r
         if encoding is not None:
             raw = await bodies.inflate(raw, encoding, settings.max_inflated_bytes, deadline)
             wire.raw, wire.inflated, ctx.body_bytes = raw, True, len(raw)
+            ctx.facts = RequestFacts(prompt_tokens=len(raw) // 4)
         if len(raw) > settings.requests.max_body_bytes:
             metrics.BAD_REQUESTS.labels("too_large").inc()
             ctx.unread = "body_too_large"
             ctx.requested_model, wire.model_span = await bodies.scan_unread(raw, deadline)
             return read
         parsed = await bodies.parse(raw, path, settings.requests, engine.config.conversation.turns_read, deadline,
-                                    chain.reads_all_text, engine.rules.reads_facts or facts, cache=cache)
+                                    chain.reads_all_text, engine.rules.reads_facts or engine.models.reads_facts or facts,
+                                    cache=cache)
     except ParseTimeout:
         # Not read by the deadline (a costly shape, a busy parser).
         metrics.BAD_REQUESTS.labels("parse_timeout").inc()

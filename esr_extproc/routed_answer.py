@@ -9,7 +9,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from esr_extproc import metrics, replies
 from esr_extproc.body_rewrite import WireBody, forwarded_body
-from esr_extproc.headers import CONFIDENCE, REASON, ROUTE, SCORE, SELECTED_MODEL, TIER, TRUNCATED
+from esr_extproc.headers import CHAIN, CONFIDENCE, MODEL_AT, REASON, ROUTE, SCORE, SELECTED_MODEL, SKIPPED, TIER, TRUNCATED
 from esr_extproc.serving import ServiceSettings
 from filters.builtin import openai_error
 from filters.context import ImmediateReply, RequestContext
@@ -48,13 +48,17 @@ def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision
     }
     if decision.tier:
         headers[TIER] = decision.tier
+    if decision.skipped:
+        headers[SKIPPED] = ",".join(decision.skipped)
     new_body = None
     if ctx is not None and wire is not None:
         headers = {**_safe_extra(ctx), **headers}
         if ctx.truncated:
             metrics.PROMPT_TRUNCATED.inc()
             headers[TRUNCATED] = settings.requests.truncate  # which part was routed on
-        new_body = forwarded_body(ctx, wire, decision, settings)
+        new_body, model_at = forwarded_body(ctx, wire, decision, settings)
+        if model_at is not None:  # Envoy may try other models: it needs to know where to write them
+            headers[CHAIN], headers[MODEL_AT] = ",".join(decision.chain), str(model_at)
         if settings.log_prompts:
             log.debug("routed", extra={"route": decision.route, "reason": decision.reason, "prompt": ctx.prompt})
     if new_body is not None:

@@ -28,6 +28,7 @@ from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
 from esr_extproc.shedding import overloaded
 from esr_extproc.stream import RequestStream, canonical_path
+from router.capabilities import NoCapableModel
 from router.engine import RoutingEngine
 
 log = logging.getLogger(__name__)
@@ -177,8 +178,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
-                return routed_answer.routed(None, None, current.engine.default("invalid_body"), current.settings,
-                                            at_headers=True)
+                empty = current.engine.models.asking_nothing(current.engine.default("invalid_body"))
+                return routed_answer.routed(None, None, empty, current.settings, at_headers=True)
         stream.cache = CacheExchange.open(self.cache, stream.path, h, kept_by_envoy=h.get(CACHE_KEEPER) == "lua")
         # An answer that may be kept is shown to the router as it streams past, unless Envoy's keeper
         # hands it back whole: Envoy is asked now (the only time it takes a new mode). Envoy takes no
@@ -227,6 +228,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # A decision an earlier filter made stands, also past a failure (a pinned model must reach
         # its own backend, which the body names); only an undecided request takes the default route.
         decision = ctx.decision or engine.default(failure or "default")
+        chosen = engine.models.choose(decision, ctx.facts)
+        if isinstance(chosen, NoCapableModel):
+            metrics.BAD_REQUESTS.labels("no_capable_model").inc()
+            return refusal(400, chosen.message, "no_capable_model")
+        decision = chosen
         decided_at = time.perf_counter()
         with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
             hit = await cached_answer(stream.cache, read, decision, current.settings)

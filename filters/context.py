@@ -35,7 +35,7 @@ class RequestContext:
     engine: RoutingEngine
     body_bytes: int = 0
     turns: tuple[str, ...] = ()  # what routing reads, oldest first; empty: no user text
-    facts: RequestFacts = RequestFacts()  # what rules read (measured only when the config has rules)
+    facts: RequestFacts = RequestFacts()  # what rules and the model choice read (measured only where one does)
     truncated: bool = False  # a routed text is estimated longer than the encoder's window (prompt_max_tokens)
     # Every text the backend model reads, in pieces (router.guard_pieces), for filters with
     # reads_all_text; more than GUARD_MAX_PIECES: the parser stopped splitting.

@@ -25,6 +25,10 @@ class Decision:
     confidence: float = 1.0
     # Which tier's model decided (router/static_tier.py: static or encoder); "" where none did.
     tier: str = ""
+    # Set by the model choice (router/capabilities.py): the models Envoy tries in turn, `model`
+    # first, where there are two or more; the route's models passed over, as "model:capability".
+    chain: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
 
 ENCODER = "encoder"  # the tier a RouteClassifier decides as, unless told otherwise (router/static_tier.py)

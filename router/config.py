@@ -17,8 +17,8 @@ from router.calibration import CalibrationConfig
 
 _TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$")
 
-__all__ = ["ClassifierConfig", "ConversationConfig", "DefaultRouteConfig", "RequestsConfig", "RouteConfig",
-           "RoutingConfig", "RuleCondition", "RuleConfig", "StaticTierConfig"]
+__all__ = ["ClassifierConfig", "ConversationConfig", "DefaultRouteConfig", "FailoverConfig", "ModelCapabilities",
+           "RequestsConfig", "RouteConfig", "RoutingConfig", "RuleCondition", "RuleConfig", "StaticTierConfig"]
 
 
 # Members of a request body set_body may not write: the router's own (`model`) and what carries
@@ -52,10 +52,35 @@ def _body_members(members: dict) -> None:
         _json_value(v, f"set_body.{k}")
 
 
+def _ranked(cfg, models_key: str = "models") -> None:
+    """`model` is a one-model `models`: either names the ranked list, the first model served
+    first (router/capabilities.py), and `model` is always that first one."""
+    if cfg.model:
+        header_safe(cfg.model, "model")
+    if not cfg.models:
+        require(bool(cfg.model), "model", "required key is missing (the backend model; or `models`, a ranked list)")
+        object.__setattr__(cfg, "models", (cfg.model,))
+    require(not cfg.model or cfg.model == cfg.models[0], "model",
+            f"{cfg.model!r} must be the first of `models` ({cfg.models[0]!r}), or left out")
+    object.__setattr__(cfg, "model", cfg.models[0])
+    require(len(set(cfg.models)) == len(cfg.models), models_key, "names a model twice")
+    require(len(cfg.models) <= MAX_RANKED, models_key, f"at most {MAX_RANKED} models")
+    for i, model in enumerate(cfg.models):
+        header_safe(model, f"{models_key}[{i}]")
+
+
+# Models a route may rank: Envoy gets a failover cluster per ordered subset of them (the capable
+# ones of a request, in rank order), 2^n of them.
+MAX_RANKED = 5
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
-    model: str
+    model: str = ""  # the backend model; or `models`
+    # Ranked: a request goes to the first that can serve it (capabilities), and on a failure to the
+    # next (failover); `model` names a list of one.
+    models: tuple[str, ...] = ()
     # Examples of the route's prompts; may be empty when keywords or rules reach the route.
     utterances: tuple[str, ...] = ()
     threshold: float | None = None  # None: the config's default_threshold; range checked by RoutingConfig (its scale)
@@ -67,10 +92,14 @@ class RouteConfig:
     # Below this confidence (x-semantic-route-confidence) the default route takes the request; None:
     # the config's min_confidence.
     min_confidence: float | None = None
+    # No response headers from a model within this: the next model (failover.header_timeout_ms's
+    # default for the route). A model that answers unstreamed sends its headers with the whole answer.
+    header_timeout_ms: float | None = None
 
     def __post_init__(self):
         header_safe(self.name, "name")
-        header_safe(self.model, "model")
+        _ranked(self)
+        require(self.header_timeout_ms is None or self.header_timeout_ms > 0, "header_timeout_ms", "must be positive")
         _keywords(self.keywords, "keywords")
         _body_members(self.set_body)
         require(self.min_confidence is None or 0.0 <= self.min_confidence <= 1.0, "min_confidence",
@@ -108,16 +137,60 @@ class RuleConfig:
 @dataclass(frozen=True)
 class DefaultRouteConfig:
     name: str
-    model: str
+    model: str = ""
+    models: tuple[str, ...] = ()  # ranked, as routes[].models
     # Optional examples of traffic that belongs to no route: a prompt closer to these than to
     # any route goes to the default route (and they are a class of their own for a trained head).
     utterances: tuple[str, ...] = ()
     set_body: dict = field(default_factory=dict)  # as routes[].set_body, for requests routed here
+    header_timeout_ms: float | None = None  # as routes[].header_timeout_ms
 
     def __post_init__(self):
         header_safe(self.name, "name")
-        header_safe(self.model, "model")
+        _ranked(self)
+        require(self.header_timeout_ms is None or self.header_timeout_ms > 0, "header_timeout_ms", "must be positive")
         _body_members(self.set_body)
+
+
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a backend model serves (router/capabilities.py). A model not listed serves anything."""
+
+    model: str
+    context_tokens: int | None = None  # prompt plus the answer's max_tokens; None: no limit known
+    tools: bool = True
+    images: bool = True
+    structured_output: bool = True  # response_format json_schema / json_object
+    streaming: bool = True
+
+    def __post_init__(self):
+        header_safe(self.model, "model")
+        require(self.context_tokens is None or self.context_tokens >= 1, "context_tokens", "must be at least 1")
+
+
+@dataclass(frozen=True)
+class FailoverConfig:
+    """What Envoy does when the model a request went to fails (docs/failover.md): the next capable
+    model of the route's ranked list, with the body's `model` rewritten for it."""
+
+    # Models tried per request, the first included (connection refused or reset, 5xx, 429, no
+    # headers within header_timeout_ms); 1: no failover.
+    max_attempts: int = 3
+    header_timeout_ms: float | None = None  # routes' default (routes[].header_timeout_ms); None: none
+    # A request that names its model (pinned): keep it (its failure is the client's to see), or
+    # fail over along the ranked list of the route it is reported under, from that model on.
+    pinned: Literal["keep", "failover"] = "keep"
+    # A model failing this many times in a row (5xx, connection failures) is skipped for eject_s
+    # (Envoy's outlier detection; longer each time it recurs); 0: never.
+    eject_after: int = 5
+    eject_s: float = 30.0
+
+    def __post_init__(self):
+        require(1 <= self.max_attempts <= MAX_RANKED, "max_attempts", f"must be between 1 and {MAX_RANKED}")
+        require(self.header_timeout_ms is None or self.header_timeout_ms > 0, "header_timeout_ms", "must be positive")
+        require(self.pinned in ("keep", "failover"), "pinned", "must be keep or failover")
+        require(self.eject_after >= 0, "eject_after", "must not be negative (0: never)")
+        require(self.eject_s > 0, "eject_s", "must be positive")
 
 
 @dataclass(frozen=True)
@@ -252,9 +325,17 @@ class RoutingConfig:
     cache_size: int = 8192  # embeddings of recent texts (user turns, prompts), LRU; 0 turns the cache off
     requests: RequestsConfig = field(default_factory=RequestsConfig)  # how a request is read into what is routed on
     static_tier: StaticTierConfig = field(default_factory=StaticTierConfig)  # the cascade's first tier
+    capabilities: tuple[ModelCapabilities, ...] = ()  # what each backend model serves (router/capabilities.py)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
+        named = set()
+        for i, c in enumerate(self.capabilities):
+            require(c.model not in named, f"capabilities[{i}].model", f"{c.model!r} is listed twice")
+            require(c.model in self.backend_models, f"capabilities[{i}].model",
+                    f"{c.model!r} is not a model of any route or the default route")
+            named.add(c.model)
         seen = {self.default_route.name}
         for i, route in enumerate(self.routes):
             require(route.name not in seen, f"routes[{i}].name", f"duplicate route name {route.name!r}")
@@ -294,7 +375,7 @@ class RoutingConfig:
 
     @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:
-        return frozenset([r.model for r in self.routes] + [self.default_route.model])
+        return frozenset(m for r in (*self.routes, self.default_route) for m in r.models)
 
     @functools.cached_property
     def route_names(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ import numpy as np
 from batching import BatcherClosed, DeadlineExceeded, Embedder, ModelUnavailable, Overloaded, RemoteError
 from router import metrics
 from router.classifier import Decision, RouteClassifier
+from router.capabilities import ModelChoice
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import Rules
@@ -55,10 +56,15 @@ class RoutingEngine:
         self.batcher = batcher
         self.classifier = classifier
         self.rules = Rules(config)
+        self.models = ModelChoice(config)  # which of the decided route's models serves the request
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
-        # A pinned model is reported under the first route that sends to it (else the default route).
+        # A pinned model is reported under the first route that sends to it first, else the first
+        # that ranks it, else the default route.
         self._route_of_model: dict[str, str] = {}
+        for route in config.routes:
+            for model in route.models[1:]:
+                self._route_of_model.setdefault(model, route.name)
         for route in reversed(config.routes):
             self._route_of_model[route.model] = route.name
 

@@ -38,12 +38,38 @@ _IMAGE_PARTS = ("image_url", "image", "input_image")
 
 
 def request_facts(data: MutableMapping[str, Any], path: str) -> RequestFacts:
-    """What `rules` read: the whole prompt's estimated tokens (every text the model reads, as the
-    guard reads it), whether tools are offered, whether a message carries an image."""
-    tokens = sum(estimate_tokens(t) for t in model_texts(data, path))
+    """What rules and the model choice read: the whole prompt's estimated tokens (every text the
+    model reads, as the guard reads it), whether tools are offered, whether a message carries an
+    image, the answer's token limit, structured output asked for, streaming."""
+    tokens = sum(estimate_tokens(t) for t in model_texts(data, path, runs=False))
     tools = any(isinstance(offered := data.get(k), list) and len(offered) > 0 for k in ("tools", "functions"))
     items = data.get("input") if path.endswith("/responses") else data.get("messages")
-    return RequestFacts(tokens, tools, _has_image(items))
+    return RequestFacts(tokens, tools, _has_image(items), _max_tokens(data), _structured(data, path),
+                        data.get("stream") is True)
+
+
+# The answer's limit by API: chat completions (max_completion_tokens, formerly max_tokens), legacy
+# completions and Anthropic Messages (max_tokens), the Responses API (max_output_tokens).
+_MAX_TOKENS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+_STRUCTURED = ("json_schema", "json_object")
+
+
+def _max_tokens(data: Mapping[str, Any]) -> int:
+    for key in _MAX_TOKENS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def _structured(data: Mapping[str, Any], path: str) -> bool:
+    """response_format (chat completions) or text.format (Responses API) of a JSON type."""
+    if path.endswith("/responses"):
+        text = data.get("text")
+        asked = text.get("format") if isinstance(text, dict) else None
+    else:
+        asked = data.get("response_format")
+    return isinstance(asked, dict) and asked.get("type") in _STRUCTURED
 
 
 def _has_image(items: Any) -> bool:
@@ -191,7 +217,9 @@ def well_formed(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
-def model_texts(data: MutableMapping[str, Any], path: str) -> Iterator[str]:
+def model_texts(data: MutableMapping[str, Any], path: str, runs: bool = True) -> Iterator[str]:
+    """Every text the model reads; `runs`: also consecutive short messages joined (what the guard
+    reads: each such text a second time, so not for counting tokens)."""
     if path.endswith("/completions") and not path.endswith("/chat/completions"):
         prompt = data.get("prompt")
         yield from _strings(prompt if isinstance(prompt, list) else [prompt])
@@ -204,7 +232,8 @@ def model_texts(data: MutableMapping[str, Any], path: str) -> Iterator[str]:
             yield from _tool_strings(data[key])
     items = data.get("input") if path.endswith("/responses") else data.get("messages")
     yield from _strings(items if isinstance(items, list) else [items])
-    yield from _short_runs(items)
+    if runs:
+        yield from _short_runs(items)
 
 
 def _short_runs(items: Any) -> Iterator[str]:

@@ -1,4 +1,4 @@
-"""The routing engine's metrics: its embedding cache and the conversations it reads (prefix semantic_router_)."""
+"""The routing engine's metrics: its embedding cache, the conversations it reads, the models it passes over (prefix semantic_router_)."""
 
 from __future__ import annotations
 
@@ -19,4 +19,15 @@ DECISIONS_BY_TIER = Counter(
     "semantic_router_decisions_by_tier_total",
     "Requests a model routed, by the cascade tier that decided (static: the static embedding; encoder: the transformer).",
     ["tier"],
+)
+MODELS_SKIPPED = Counter(
+    "semantic_router_models_skipped_total",
+    "A ranked model passed over for a request it cannot serve, by model and what it lacks "
+    "(context|tools|images|structured_output|streaming).",
+    ["model", "capability"],
+)
+NO_CAPABLE_MODEL = Counter(
+    "semantic_router_no_capable_model_total",
+    "Requests whose route had no model able to serve them, sent to the default route's models instead, by route.",
+    ["route"],
 )

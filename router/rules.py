@@ -17,11 +17,15 @@ from router.config import RoutingConfig, RuleCondition
 
 @dataclass(frozen=True)
 class RequestFacts:
-    """What rules read of a request besides its routed text (router.llm_body.request_facts)."""
+    """What rules and the choice of a capable model (router/capabilities.py) read of a request
+    besides its routed text (router.llm_body.request_facts)."""
 
     prompt_tokens: int = 0  # the whole prompt, every role, estimated; not the capped text routed on
     has_tools: bool = False
     has_images: bool = False
+    max_tokens: int = 0  # the answer's length the client allows (max_tokens and its aliases); 0: not given
+    structured: bool = False  # asks for structured output (response_format json_schema / json_object)
+    stream: bool = False
 
 
 def keyword_pattern(words: Sequence[str]) -> re.Pattern | None:

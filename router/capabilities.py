@@ -1,0 +1,111 @@
+"""Which of a route's ranked models serves a request: the first whose capabilities (context,
+tools, images, structured output, streaming) cover what the request asks, and, for failover, the
+capable models after it in rank order. Eval and the server choose by this one code."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from router import metrics
+from router.classifier import Decision
+from router.config import ModelCapabilities, RoutingConfig
+from router.rules import RequestFacts
+
+# What the 400 says a model lacks, by capability.
+_LACKS = {
+    "context": "its context is too short for the prompt and max_tokens",
+    "tools": "it does not take tools",
+    "images": "it does not take images",
+    "structured_output": "it does not do structured output (response_format)",
+    "streaming": "it does not stream",
+}
+
+
+def missing(capabilities: ModelCapabilities | None, facts: RequestFacts) -> str | None:
+    """The first capability `facts` ask for that the model lacks; None: it can serve them."""
+    if capabilities is None:
+        return None
+    c = capabilities
+    if c.context_tokens is not None and facts.prompt_tokens + facts.max_tokens > c.context_tokens:
+        return "context"
+    for asked, served, name in ((facts.has_tools, c.tools, "tools"), (facts.has_images, c.images, "images"),
+                                (facts.structured, c.structured_output, "structured_output"),
+                                (facts.stream, c.streaming, "streaming")):
+        if asked and not served:
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class NoCapableModel:
+    """No model may serve the request: a 400 naming what it asked that they lack."""
+
+    capability: str  # what the first model it would have gone to lacks
+    message: str
+
+
+class ModelChoice:
+    def __init__(self, config: RoutingConfig):
+        self._capabilities = {c.model: c for c in config.capabilities}
+        self._ranked = {r.name: r.models for r in (*config.routes, config.default_route)}
+        self._default = config.default_route.name
+        self._attempts = config.failover.max_attempts
+        self._pinned_fail_over = config.failover.pinned == "failover"
+
+    @property
+    def reads_facts(self) -> bool:
+        """Whether any model is limited (so the parser must measure requests)."""
+        return bool(self._capabilities)
+
+    def choose(self, decision: Decision, facts: RequestFacts) -> Decision | NoCapableModel:
+        """`decision` with the model that serves the request and the chain Envoy fails over along.
+        A route with no capable model leaves the request to the default route's models (reason
+        no_capable_model); a pinned model is kept, or refused where it cannot serve the request."""
+        if decision.reason == "model_pinned":
+            return self._pinned(decision, facts)
+        capable, skipped = self._split(self._ranked.get(decision.route, (decision.model,)), facts)
+        if not capable and decision.route != self._default:
+            more, skipped_default = self._split(self._ranked[self._default], facts)
+            if more:
+                metrics.NO_CAPABLE_MODEL.labels(decision.route).inc()
+                return self._chosen(dataclasses.replace(decision, route=self._default, reason="no_capable_model"),
+                                    more, skipped + skipped_default)
+            skipped += skipped_default
+        if not capable:
+            first = skipped[0].partition(":")
+            lacks = "; ".join(f"{m} ({_LACKS[why]})" for m, _, why in (s.partition(":") for s in skipped))
+            return NoCapableModel(first[2], f"No model on this gateway can serve this request: {lacks}.")
+        return self._chosen(decision, capable, skipped)
+
+    def asking_nothing(self, decision: Decision) -> Decision:
+        """The choice for a request that asks nothing of a model (no body): its route's first model."""
+        chosen = self.choose(decision, RequestFacts())
+        assert isinstance(chosen, Decision)  # every model serves what asks nothing
+        return chosen
+
+    def _pinned(self, decision: Decision, facts: RequestFacts) -> Decision | NoCapableModel:
+        why = missing(self._capabilities.get(decision.model), facts)
+        if why is not None:
+            metrics.MODELS_SKIPPED.labels(decision.model, why).inc()
+            return NoCapableModel(why, f"The model {decision.model!r} cannot serve this request: {_LACKS[why]}.")
+        ranked = self._ranked.get(decision.route, ())
+        if not self._pinned_fail_over or decision.model not in ranked:
+            return decision
+        after, _ = self._split(ranked[ranked.index(decision.model) + 1:], facts)
+        return self._chosen(decision, (decision.model, *after), ())
+
+    def _split(self, ranked: tuple[str, ...], facts: RequestFacts) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        capable, skipped = [], []
+        for model in ranked:
+            why = missing(self._capabilities.get(model), facts)
+            if why is None:
+                capable.append(model)
+            else:
+                metrics.MODELS_SKIPPED.labels(model, why).inc()
+                skipped.append(f"{model}:{why}")
+        return tuple(capable), tuple(skipped)
+
+    def _chosen(self, decision: Decision, capable: tuple[str, ...], skipped: tuple[str, ...]) -> Decision:
+        chain = capable[:self._attempts]
+        return dataclasses.replace(decision, model=chain[0], chain=chain if len(chain) > 1 else (), skipped=skipped)
