@@ -231,6 +231,20 @@ end
 """
 
 
+def _retries_streamed_body(config: RouterConfig) -> bool:
+    """Whether requests may fail over while their body streams past the router (full duplex)."""
+    return config.envoy.request_body_mode == "full_duplex_streamed" and bool(failover_chains(config))
+
+
+def _whole_body(config: RouterConfig) -> dict:
+    """Envoy retries only a request it holds whole (a refused connection while the body still
+    streamed in: rq_retry_skipped_request_not_complete, measured in full duplex); the router holds
+    the body whole anyway before it answers, so holding it again here costs memory, not latency."""
+    return {"name": "envoy.filters.http.buffer", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+        "max_request_bytes": config.envoy.max_request_bytes}}
+
+
 def _failover_cluster(chain: tuple[str, ...]) -> dict:
     """An aggregate of the chain's backend clusters, in order: each a priority, so a retry goes to
     the next (previous_priorities) and an ejected model is passed over; every attempt through the
@@ -468,6 +482,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
                 *([_cache_keeper(config)] if config.cache.enabled else []),
                 *([_pinned_model_reader(), _send_stamp()] if config.envoy.reads_pinned_model else []),
                 _ext_proc_filter(config),
+                *([_whole_body(config)] if _retries_streamed_body(config) else []),
                 _router_filter(),
             ],
         },

@@ -175,3 +175,56 @@ def test_full_duplex_bodies_render_as_the_inference_extension_configures_them(tm
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(cfg))
     envoy_validate(path)
+
+
+def _ranked(tmp_path, **failover):
+    source = yaml.safe_load((ROOT / "router.yaml").read_text())
+    source["routes"][0]["models"] = ["math-model", "general-model"]
+    source["routes"][1].update(models=["code-model", "math-model", "general-model"], header_timeout_ms=2000)
+    for route in source["routes"]:
+        route.pop("model")
+    source["failover"] = failover
+    (tmp_path / "ranked.yaml").write_text(yaml.safe_dump(source))
+    return load_config(tmp_path / "ranked.yaml")
+
+
+@pytest.mark.processes
+def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_may_name(tmp_path):
+    doc = render(_ranked(tmp_path))
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    failover = {n: c for n, c in clusters.items() if n.startswith("failover:")}
+    # every ordered subset of two or more of a route's models (the capable ones of a request)
+    assert set(failover) == {"failover:math-model,general-model", "failover:code-model,math-model,general-model",
+                             "failover:code-model,math-model", "failover:code-model,general-model"}
+    assert failover["failover:code-model,general-model"]["cluster_type"]["typed_config"]["clusters"] == \
+        ["code-model", "general-model"]
+    names = [f["name"] for f in failover["failover:code-model,general-model"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]]
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.lua", "envoy.filters.http.upstream_codec"]
+    backend = clusters["math-model"]
+    assert backend["outlier_detection"]["consecutive_5xx"] == 5
+    assert backend["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] == \
+        {"filter_metadata": {"semantic_router": {"model": "math-model"}}}
+    routes = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "route_config"]["virtual_hosts"][0]["routes"]
+    chained = [r for r in routes if r.get("route", {}).get("cluster", "").startswith("failover:")]
+    by_route = {(h[1]["string_match"]["exact"], h[0]["string_match"]["exact"]): r["route"]
+                for r in chained for h in [r["match"]["headers"]]}
+    assert set(by_route) == {("math", "math-model,general-model"), ("code", "code-model,math-model,general-model"),
+                             ("code", "code-model,math-model"), ("code", "code-model,general-model"),
+                             ("code", "math-model,general-model")}
+    code = by_route[("code", "code-model,math-model,general-model")]["retry_policy"]
+    assert code["num_retries"] == 2 and code["per_try_timeout"] == "2.000s" and code["retriable_status_codes"] == [429]
+    assert "per_try_timeout" not in by_route[("math", "math-model,general-model")]["retry_policy"]
+    assert routes.index(chained[-1]) < min(i for i, r in enumerate(routes) if r.get("route", {}).get("cluster") == "math-model")
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(_ranked(tmp_path)))
+    envoy_validate(path)
+
+
+def test_max_attempts_bounds_the_chains_and_one_renders_none(tmp_path):
+    two = {c["name"] for c in render(_ranked(tmp_path, max_attempts=2))["static_resources"]["clusters"]}
+    assert "failover:code-model,math-model,general-model" not in two and "failover:code-model,general-model" in two
+    one = render(_ranked(tmp_path, max_attempts=1, eject_after=0))["static_resources"]["clusters"]
+    assert not [c for c in one if c["name"].startswith("failover:")]
+    assert not [c for c in one if "outlier_detection" in c]

@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esr_extproc.json_scan import AMBIGUOUS, BadBody, fold, scan_unread, with_members
+from esr_extproc.json_scan import AMBIGUOUS, BadBody, fold, scan_unread, value_at, with_members
 from esr_extproc.request_body import READ_NAMES, parse_body
 from router.config import RequestsConfig
 from tests.support.extproc import Harness, body_msg, raw_headers_msg
@@ -121,6 +121,32 @@ def test_model_rewrite_changes_only_the_model_value(doc, model, new, first, layo
     else:
         assert out.endswith(raw[1:])
     assert scan_unread(raw) == ((model, parsed.model_span) if model is not None else (None, None))
+
+
+safe_models = st.from_regex(r"[A-Za-z0-9._:/@+-]{1,20}", fullmatch=True)  # what header_safe lets a model be
+members = st.dictionaries(st.text(max_size=6).filter(lambda k: fold(k) != "model"), json_values, max_size=3)
+
+
+@given(doc=documents, model=st.one_of(st.none(), safe_models), new=safe_models, extra=members, first=st.booleans(),
+       layout=layouts)
+@settings(max_examples=300, deadline=None)
+def test_value_at_finds_the_model_where_with_members_wrote_it(doc, model, new, extra, first, layout):
+    """Where a failover attempt's upstream filter finds the model to overwrite (headers.MODEL_AT):
+    exactly where the router wrote it, whatever else the route's set_body spliced or added."""
+    body = dict(doc)
+    if model is not None:
+        body = {"model": model, **doc} if first else {**doc, "model": model}
+    raw = json.dumps(body, **layout).encode()
+    parsed = parse_body(raw, "/v1/chat/completions")
+    spliced = {k: (parsed.data.byte_span(k), v) for k, v in extra.items() if k in body or k not in doc}
+    spliced["model"] = (parsed.model_span, new)
+    out = with_members(raw, spliced)
+    at = value_at(raw, spliced, "model", parsed.model_span)
+    assert out[at:at + len(new) + 2] == json.dumps(new).encode()
+    kept = {k: v for k, v in spliced.items() if k != "model"}  # the model left as the client sent it
+    if model is not None:
+        at = value_at(raw, kept, "model", parsed.model_span)
+        assert with_members(raw, kept)[at:at + len(model) + 2] == json.dumps(model).encode()
 
 
 # A name and a twin a case-insensitive reader takes for it: other cases, the long s, the Kelvin sign.

@@ -1,0 +1,180 @@
+"""Capabilities and failover through the real Envoy, the router and mock backends that fail on
+request, with the official `openai` client: a request never goes to a model that cannot serve it,
+and when the model it went to fails (503, 429, no headers in time, refusing connections) the next
+model of its route answers, with the body's `model` rewritten for it; never after a stream started."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from devstack.stack import stack_with
+from tests.support.stack import SESSION_DEADLINE_MS, metric, scrape
+
+CODE = "write a python function that reverses a linked list"
+MATH = "solve 3x + 5 = 20"
+HEADER_TIMEOUT_MS = 1500
+EJECT_AFTER = 3
+
+
+def ranked(config: dict) -> None:
+    config["server"]["deadline_ms"] = SESSION_DEADLINE_MS
+    math, code = config["routes"]
+    code.pop("model")  # math keeps its one model: a request it cannot serve takes the default route's
+    code["models"] = ["code-model", "math-model", "general-model"]
+    config["capabilities"] = [{"model": "math-model", "context_tokens": 2048, "tools": False, "images": False,
+                               "structured_output": False}]
+    config["failover"] = {"header_timeout_ms": HEADER_TIMEOUT_MS, "eject_after": EJECT_AFTER, "eject_s": 60}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, envoy_binary):
+    with stack_with(tmp_path_factory.mktemp("failover"), ranked) as s:
+        yield s
+
+
+def client(stack, key: str, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="not-needed", max_retries=0, timeout=30,
+                         default_headers={"x-mock-key": key, **headers})
+
+
+def chat(stack, prompt: str, model: str = "auto", **headers: str):
+    """(response headers, completion, the backends the request reached in order)."""
+    key = uuid.uuid4().hex
+    raw = client(stack, key, **headers).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": prompt}])
+    return raw.headers, raw.parse(), stack.backends.seen.get(key, [])
+
+
+def healthy(stack) -> None:
+    """A request code-model serves: resets its run of failures, so no test ejects it for the next."""
+    headers, _, seen = chat(stack, CODE)
+    assert seen == ["code-model"] and headers["x-semantic-route-attempts"] == "1"
+
+
+@pytest.mark.parametrize("failure", [{"x-mock-fail": "code-model=503"}, {"x-mock-fail": "code-model=429"},
+                                     {"x-mock-stall": f"code-model={HEADER_TIMEOUT_MS + 2000}"}],
+                         ids=["503", "429-with-retry-after", "no-headers-in-time"])
+def test_a_failing_model_hands_the_request_to_the_next_of_its_route(stack, failure):
+    started = time.monotonic()
+    headers, completion, seen = chat(stack, CODE, **failure)
+    assert seen == ["code-model", "math-model"]
+    assert headers["x-semantic-route-attempts"] == "2"
+    assert headers["x-semantic-route-served-model"] == "math-model"
+    assert headers["x-selected-model"] == "code-model"  # the router's choice, as it chose
+    assert completion.model == "math-model"  # the body's model was rewritten for the attempt
+    if "x-mock-stall" in failure:
+        assert HEADER_TIMEOUT_MS / 1000 <= time.monotonic() - started < HEADER_TIMEOUT_MS / 1000 + 1.5
+    healthy(stack)
+
+
+def test_each_failed_model_passes_the_request_on_until_one_answers(stack):
+    headers, completion, seen = chat(stack, CODE, **{"x-mock-fail": "code-model=503,math-model=502"})
+    assert seen == ["code-model", "math-model", "general-model"] and headers["x-semantic-route-attempts"] == "3"
+    assert completion.model == "general-model"
+    healthy(stack)
+
+
+def test_when_every_model_fails_the_client_gets_the_last_error(stack):
+    with pytest.raises(openai.InternalServerError) as err:
+        chat(stack, CODE, **{"x-mock-status": "503"})
+    assert err.value.response.headers["x-semantic-route-attempts"] == "3"
+    healthy(stack)
+
+
+def test_a_stream_that_started_is_never_retried_the_client_sees_the_cut(stack):
+    key = uuid.uuid4().hex
+    stream = client(stack, key, **{"x-mock-cut": "code-model"}).chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": CODE}], stream=True)
+    got = []
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for chunk in stream:
+            got.append(chunk.choices[0].delta.content)
+    assert got and stack.backends.seen[key] == ["code-model"]
+    healthy(stack)
+
+
+def test_a_pinned_model_keeps_its_model_and_its_failure(stack):
+    with pytest.raises(openai.InternalServerError):
+        chat(stack, CODE, model="code-model", **{"x-mock-fail": "code-model=503"})
+    healthy(stack)
+
+
+@pytest.mark.parametrize("ask, lacks", [
+    ({"tools": [{"type": "function", "function": {"name": "plot", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "structured_output"),
+    ({"image": True}, "images"),
+    ({"system": "Background for the task. " * 600}, "context"),
+    ({"max_tokens": 4000}, "context"),
+], ids=["tools", "structured-output", "image", "long-prompt", "long-answer"])
+def test_a_request_never_reaches_a_model_that_cannot_serve_it(stack, ask, lacks):
+    image, system = ask.pop("image", False), ask.pop("system", None)
+
+    def messages(prompt: str) -> list[dict]:
+        turn = {"role": "user", "content": [{"type": "text", "text": prompt}, {
+            "type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}] if image else prompt}
+        return [{"role": "system", "content": system}, turn] if system else [turn]
+
+    key = uuid.uuid4().hex
+    raw = client(stack, key).chat.completions.with_raw_response.create(model="auto", messages=messages(MATH), **ask)
+    assert stack.backends.seen[key] == ["general-model"]
+    assert raw.headers["x-semantic-route"] == "general" and raw.headers["x-semantic-route-reason"] == "no_capable_model"
+    assert raw.headers["x-semantic-route-skipped"] == f"math-model:{lacks}"
+    # the same request on the code route: math-model is left out of its failover chain too
+    key = uuid.uuid4().hex
+    raw = client(stack, key, **{"x-mock-fail": "code-model=503"}).chat.completions.with_raw_response.create(
+        model="auto", messages=messages(CODE), **ask)
+    assert stack.backends.seen[key] == ["code-model", "general-model"]
+    assert raw.headers["x-semantic-route-skipped"] == f"math-model:{lacks}"
+    healthy(stack)
+
+
+def test_a_pinned_model_that_cannot_serve_the_request_is_refused_saying_why(stack):
+    with pytest.raises(openai.BadRequestError) as err:
+        client(stack, uuid.uuid4().hex).chat.completions.create(
+            model="math-model", messages=[{"role": "user", "content": MATH}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert err.value.code == "no_capable_model" and "does not take tools" in err.value.message
+    assert metric(scrape(stack.metrics_url), "semantic_router_models_skipped_total",
+                  'capability="tools",model="math-model"') >= 1
+
+
+def test_with_a_backend_refusing_connections_no_request_fails_and_it_is_soon_skipped(stack):
+    """The issue's row: one of three backends down at c16 for 20 s; 0 failed. After EJECT_AFTER
+    failures in a row Envoy's outlier detection skips it: failover costs the first requests only."""
+    stack.backends.down("code-model")
+    try:
+        failed, attempts, lock = [], [], threading.Lock()
+        until = time.monotonic() + 20
+
+        def worker(n: int) -> None:
+            c = client(stack, f"load-{n}")
+            i = 0
+            while time.monotonic() < until:
+                i += 1
+                try:
+                    raw = c.chat.completions.with_raw_response.create(
+                        model="auto", messages=[{"role": "user", "content": f"{CODE} (client {n}, request {i})"}])
+                    raw.parse()
+                    with lock:
+                        attempts.append(raw.headers["x-semantic-route-attempts"])
+                except openai.APIError as exc:
+                    with lock:
+                        failed.append(repr(exc))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failed, (len(failed), len(attempts), failed[:3])
+        assert len(attempts) > 100
+        retried = sum(a != "1" for a in attempts)
+        assert 1 <= retried <= 16 * EJECT_AFTER, (retried, len(attempts))  # only until the first ejection
+    finally:
+        stack.backends.up("code-model")

@@ -1,0 +1,140 @@
+"""Which of a route's ranked models serves a request (router/capabilities.py), and the request facts
+it reads (router/llm_body.request_facts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from esr_config import ConfigError, parse_config
+from router.capabilities import ModelChoice, NoCapableModel, missing
+from router.classifier import Decision
+from router.config import ModelCapabilities
+from router.llm_body import estimate_tokens, request_facts
+from router.rules import RequestFacts
+
+CHAT = "/v1/chat/completions"
+
+
+def config(**over):
+    base = {
+        "routes": [
+            {"name": "math", "models": ["math-model", "general-model"], "utterances": ["m1"]},
+            {"name": "code", "models": ["code-model", "small-model", "general-model"], "utterances": ["c1"]},
+            {"name": "vision", "model": "small-model", "utterances": ["v1"]},
+        ],
+        "default_route": {"name": "general", "models": ["general-model", "big-model"]},
+        "capabilities": [
+            {"model": "small-model", "context_tokens": 1000, "tools": False, "images": False,
+             "structured_output": False, "streaming": False},
+            {"model": "general-model", "context_tokens": 8000, "images": False},
+        ],
+    }
+    base.update(over)
+    return parse_config(base)
+
+
+def routed(route: str, model: str, reason: str = "matched") -> Decision:
+    return Decision(route, model, 0.9, reason)
+
+
+def test_a_model_lacks_what_a_request_asks_and_it_does_not_serve():
+    small = ModelCapabilities("small-model", context_tokens=1000, tools=False, images=True, structured_output=False)
+    assert missing(small, RequestFacts(prompt_tokens=900, max_tokens=100)) is None
+    assert missing(small, RequestFacts(prompt_tokens=900, max_tokens=101)) == "context"
+    assert missing(small, RequestFacts(has_tools=True)) == "tools"
+    assert missing(small, RequestFacts(has_images=True)) is None
+    assert missing(small, RequestFacts(structured=True)) == "structured_output"
+    assert missing(None, RequestFacts(prompt_tokens=10**9, has_tools=True)) is None  # not listed: serves anything
+
+
+def test_the_first_capable_model_of_the_route_serves_and_the_rest_are_its_failover_chain():
+    choice = ModelChoice(config())
+    plain = choice.choose(routed("code", "code-model"), RequestFacts(prompt_tokens=10))
+    assert (plain.model, plain.chain, plain.skipped) == ("code-model", ("code-model", "small-model", "general-model"), ())
+    tools = choice.choose(routed("code", "code-model"), RequestFacts(prompt_tokens=10, has_tools=True))
+    assert (tools.model, tools.chain, tools.skipped) == ("code-model", ("code-model", "general-model"), ("small-model:tools",))
+    long = choice.choose(routed("code", "code-model"), RequestFacts(prompt_tokens=5000))
+    assert long.chain == ("code-model", "general-model") and long.skipped == ("small-model:context",)
+    assert long.route == "code" and long.reason == "matched"
+
+
+def test_a_chain_is_cut_at_max_attempts_and_one_model_is_no_chain():
+    choice = ModelChoice(config(failover={"max_attempts": 2}))
+    assert choice.choose(routed("code", "code-model"), RequestFacts()).chain == ("code-model", "small-model")
+    assert ModelChoice(config(failover={"max_attempts": 1})).choose(routed("code", "code-model"), RequestFacts()).chain == ()
+    assert ModelChoice(config()).choose(routed("vision", "small-model"), RequestFacts()).chain == ()
+
+
+def test_a_route_with_no_capable_model_goes_to_the_default_routes_first_capable_one():
+    choice = ModelChoice(config())
+    got = choice.choose(routed("vision", "small-model"), RequestFacts(has_images=True))
+    assert (got.route, got.model, got.reason) == ("general", "big-model", "no_capable_model")
+    assert got.skipped == ("small-model:images", "general-model:images")
+
+
+def test_no_capable_model_at_all_is_a_refusal_that_says_what_is_missing():
+    choice = ModelChoice(config(default_route={"name": "general", "models": ["general-model"]}))
+    refused = choice.choose(routed("vision", "small-model"), RequestFacts(has_images=True))
+    assert isinstance(refused, NoCapableModel) and refused.capability == "images"
+    assert "small-model (it does not take images)" in refused.message
+    assert "general-model (it does not take images)" in refused.message
+
+
+def test_a_fallback_takes_the_default_routes_models_as_any_decision_does():
+    got = ModelChoice(config()).choose(Decision("general", "general-model", 0.0, "fallback_timeout"),
+                                       RequestFacts(prompt_tokens=9000))
+    assert (got.model, got.reason, got.skipped) == ("big-model", "fallback_timeout", ("general-model:context",))
+
+
+def test_a_pinned_model_is_kept_refused_when_incapable_and_fails_over_only_when_configured():
+    pinned = Decision("code", "small-model", 1.0, "model_pinned")
+    keep = ModelChoice(config())
+    assert keep.choose(pinned, RequestFacts()) == pinned
+    refused = keep.choose(pinned, RequestFacts(has_tools=True))
+    assert isinstance(refused, NoCapableModel) and "'small-model' cannot serve this request" in refused.message
+    along = ModelChoice(config(failover={"pinned": "failover"})).choose(pinned, RequestFacts())
+    assert along.model == "small-model" and along.chain == ("small-model", "general-model")
+
+
+def test_what_asks_nothing_goes_to_the_routes_first_model():
+    got = ModelChoice(config()).asking_nothing(Decision("general", "general-model", 0.0, "invalid_body"))
+    assert got.model == "general-model" and got.chain == ("general-model", "big-model")
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"routes": [{"name": "a", "model": "x", "models": ["y", "x"], "utterances": ["u"]}]}, "routes[0].model"),
+    ({"routes": [{"name": "a", "models": ["x", "x"], "utterances": ["u"]}]}, "routes[0].models"),
+    ({"routes": [{"name": "a", "models": [f"m{i}" for i in range(6)], "utterances": ["u"]}]}, "routes[0].models"),
+    ({"routes": [{"name": "a", "models": ["x", "bad model"], "utterances": ["u"]}]}, "routes[0].models[1]"),
+    ({"capabilities": [{"model": "nobody-model"}]}, "capabilities[0].model"),
+    ({"capabilities": [{"model": "small-model"}, {"model": "small-model"}]}, "capabilities[1].model"),
+    ({"capabilities": [{"model": "small-model", "context_tokens": 0}]}, "capabilities[0].context_tokens"),
+    ({"failover": {"max_attempts": 0}}, "failover.max_attempts"),
+    ({"failover": {"pinned": "sometimes"}}, "failover.pinned"),
+    ({"routes": [{"name": "a", "model": "x", "utterances": ["u"], "header_timeout_ms": 0}]}, "routes[0].header_timeout_ms"),
+])
+def test_bad_ranked_models_and_capabilities_are_refused_naming_the_key(change, key):
+    with pytest.raises(ConfigError) as err:
+        config(**change)
+    assert key in str(err.value)
+
+
+def test_model_is_the_first_of_models_and_every_ranked_model_is_a_backend_model():
+    c = config()
+    assert c.routes[1].model == "code-model" and c.routes[2].models == ("small-model",)
+    assert c.backend_models == {"math-model", "code-model", "small-model", "general-model", "big-model"}
+
+
+def test_request_facts_read_the_answers_limit_structured_output_and_streaming():
+    facts = request_facts({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 300,
+                           "response_format": {"type": "json_schema", "json_schema": {}}, "stream": True}, CHAT)
+    assert (facts.max_tokens, facts.structured, facts.stream) == (300, True, True)
+    assert request_facts({"messages": [], "max_tokens": 50, "response_format": {"type": "text"}}, CHAT).structured is False
+    assert request_facts({"input": "hi", "max_output_tokens": 70, "text": {"format": {"type": "json_object"}}},
+                         "/v1/responses") == RequestFacts(1, False, False, 70, True, False)
+    assert request_facts({"messages": [], "max_tokens": True}, CHAT).max_tokens == 0  # not a number
+
+
+def test_the_prompts_tokens_count_each_message_once():
+    short = {"messages": [{"role": "user", "content": "one two three"}, {"role": "user", "content": "four five"}]}
+    assert request_facts(short, CHAT).prompt_tokens == estimate_tokens("one two three") + estimate_tokens("four five")
