@@ -66,8 +66,13 @@ def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache:
         "tier": decision.tier or None, "cache": cache, "ms": round(seconds * 1000, 3),
         "ms_parts": {name: round(s * 1000, 3) for name, s in parts.items()},
         "facts": {"prompt_tokens": ctx.facts.prompt_tokens, "tools": ctx.facts.has_tools,
-                  "images": ctx.facts.has_images},
+                  "images": ctx.facts.has_images, "max_tokens": ctx.facts.max_tokens,
+                  "structured": ctx.facts.structured, "stream": ctx.facts.stream},
     }
+    if decision.chain:
+        out["chain"] = list(decision.chain)
+    if decision.skipped:
+        out["skipped"] = list(decision.skipped)
     if ctx.unread is not None:
         out["unread"] = ctx.unread
     if ctx.immediate is not None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from esr_settings import replace_at
 from router.llm_body import content_text, conversation_of, request_facts, texts_to_route
+from router.capabilities import ModelChoice
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.conversation import deciding_turn
@@ -136,13 +137,13 @@ def decide_routed(config: RouterConfig, rules: Rules, classifier: RouteClassifie
                   texts: Sequence[str], fact: RequestFacts, vectors: dict[str, np.ndarray]) -> Decision:
     """One request's decision on the texts it is routed on (oldest first), as the server's
     semantic_route filter makes it: rules on its own text, the static tier, then the classifier on
-    every text under the conversation's gate."""
+    every text under the conversation's gate; then the model of its route that can serve it."""
     decision = rules.decide(texts[-1] if texts else "", fact) if rules else None
     if decision is None and not texts:
-        return classifier.default("no_prompt")
-    decision = decision or (static.decide(texts) if static else None)
-    return decision or classifier.conversation_decision(
+        decision = classifier.default("no_prompt")
+    decision = decision or (static.decide(texts) if static else None) or classifier.conversation_decision(
         classifier.scores(np.stack([vectors[t] for t in texts])), config.conversation.gate)
+    return ModelChoice(config).offline(decision, fact)  # then the model that serves it, as the server picks it
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],

@@ -11,7 +11,8 @@ import numpy as np
 from router.llm_body import request_facts, texts_to_route
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
-from router.rules import Rules
+from router.capabilities import ModelChoice
+from router.rules import RequestFacts, Rules
 from router.static_tier import ENCODER, STATIC, StaticTier
 from esr_tuning.calibration import reliability, share_weights
 from esr_tuning.jsonl import known_label, read_records
@@ -48,15 +49,15 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
     """Each text's decision as the router makes it for a request of that one user message: rules
     first, then the static tier where it stands (`static`: the cascade's first tier, None: off),
     then the classifier on its embedding (of routed_texts_of)."""
-    rules = Rules(config)
+    rules, models = Rules(config), ModelChoice(config)
     decisions = classifier.classify_many(embeddings)
-    if not rules and static is None:
-        return decisions
+    if not rules and static is None and not models.reads_facts:
+        return [models.offline(d, RequestFacts()) for d in decisions]
     routed = routed_texts_of(config, texts)
     for i, text in enumerate(texts):
-        ruled = rules.decide(routed[i], request_facts({"messages": [{"role": "user", "content": text}]},
-                                                      "/v1/chat/completions")) if rules else None
-        decisions[i] = ruled or (static.decide([routed[i]]) if static else None) or decisions[i]
+        facts = request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
+        ruled = rules.decide(routed[i], facts) if rules else None
+        decisions[i] = models.offline(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
     return decisions
 
 

@@ -22,7 +22,7 @@ from router.static_tier import StaticTier
 
 # Reasons routing itself decided: the others (a pinned model, a fallback, a body not read) are not
 # the routes' doing, and a config change would not move them.
-REDECIDED = frozenset({"matched", "context", "default", "low_confidence", "keyword", "rule", "no_prompt"})
+REDECIDED = frozenset({"matched", "context", "default", "low_confidence", "keyword", "rule", "no_prompt", "no_capable_model"})
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
                     facts = row.get("facts") or {}
                     out.append(Recorded(tuple(row.get("texts") or ()),
                                         RequestFacts(int(facts.get("prompt_tokens", 0)), bool(facts.get("tools")),
-                                                     bool(facts.get("images"))),
+                                                     bool(facts.get("images")), int(facts.get("max_tokens", 0)),
+                                                     bool(facts.get("structured")), bool(facts.get("stream"))),
                                         str(row["route"]), str(row["model"]), reason, float(row["confidence"])))
             except (ValueError, KeyError, TypeError) as exc:
                 raise BadRecord(f"{path}:{n}: not a decision record ({type(exc).__name__}: {exc})") from None

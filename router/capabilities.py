@@ -37,6 +37,9 @@ def missing(capabilities: ModelCapabilities | None, facts: RequestFacts) -> str 
     return None
 
 
+REFUSED = "(refused)"  # the route offline evaluation reports for a request the server refuses (400)
+
+
 @dataclass(frozen=True)
 class NoCapableModel:
     """No model may serve the request: a 400 naming what it asked that they lack."""
@@ -77,6 +80,13 @@ class ModelChoice:
             lacks = "; ".join(f"{m} ({_LACKS[why]})" for m, _, why in (s.partition(":") for s in skipped))
             return NoCapableModel(first[2], f"No model on this gateway can serve this request: {lacks}.")
         return self._chosen(decision, capable, skipped)
+
+    def offline(self, decision: Decision, facts: RequestFacts) -> Decision:
+        """`choose` as eval, fit and replay count it: a refusal is a decision for no route (REFUSED)."""
+        chosen = self.choose(decision, facts)
+        if isinstance(chosen, NoCapableModel):
+            return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier)
+        return chosen
 
     def asking_nothing(self, decision: Decision) -> Decision:
         """The choice for a request that asks nothing of a model (no body): its route's first model."""
