@@ -10,6 +10,7 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from tests.support.stack import ENVOY_FAILOVER_STATS
 
 # Every room's metrics, registered: what the dashboards and alerts may name.
 import esr_app.metrics  # noqa: F401
@@ -170,7 +171,7 @@ def test_promtool_checks_scrape_config_and_alert_rules():
     assert {r["alert"] for r in rules} == {
         "SemanticRouterDown", "SemanticRouterFallbackRatioHigh", "SemanticRouterProcessingLatencyHigh",
         "SemanticRouterQueueNearFull", "SemanticRouterRemoteEngineDown", "SemanticRouterEnvoyFailOpen",
-        "SemanticRouterExtProcFailing"}
+        "SemanticRouterExtProcFailing", "SemanticRouterBackendModelEjected"}
 
 
 @pytest.mark.processes
@@ -201,6 +202,10 @@ def promql_metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\b(semantic_router_[a-z0-9_]+)", expr))
 
 
+def envoy_metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(envoy_[a-z0-9_]+)", expr))
+
+
 def test_grafana_panels_only_use_exported_metrics():
     dash = json.loads((ROOT / "deploy/grafana/semantic-router.json").read_text())
     exported = exported_names()
@@ -210,9 +215,11 @@ def test_grafana_panels_only_use_exported_metrics():
             "Embedding cache hit ratio (earlier turns, repeated prompts)", "Remote engine calls by outcome (circuit open: refused)"} <= titles
     for panel in dash["panels"]:
         for target in panel["targets"]:
-            used = promql_metric_names(target["expr"])
-            assert used, (panel["title"], target["expr"])
+            used, envoys = promql_metric_names(target["expr"]), envoy_metric_names(target["expr"])
+            assert used or envoys, (panel["title"], target["expr"])
             assert used <= exported, f"{panel['title']}: {sorted(used - exported)} not exported"
+            # Envoy's, as tests/integration/test_failover.py scrapes them from the rendered gateway
+            assert envoys <= set(ENVOY_FAILOVER_STATS), f"{panel['title']}: {sorted(envoys - set(ENVOY_FAILOVER_STATS))}"
     for rule in yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]:
         assert promql_metric_names(rule["expr"]) <= exported, rule["alert"]  # `up` is Prometheus' own
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from devstack.stack import stack_with
-from tests.support.stack import SESSION_DEADLINE_MS, metric, scrape
+from tests.support.stack import ENVOY_FAILOVER_STATS, SESSION_DEADLINE_MS, metric, scrape
 
 CODE = "write a python function that reverses a linked list"
 MATH = "solve 3x + 5 = 20"
@@ -176,5 +176,13 @@ def test_with_a_backend_refusing_connections_no_request_fails_and_it_is_soon_ski
         assert len(attempts) > 100
         retried = sum(a != "1" for a in attempts)
         assert 1 <= retried <= 16 * EJECT_AFTER, (retried, len(attempts))  # only until the first ejection
+        # what the dashboard and the alert read of it, from Envoy
+        envoy = httpx.get(f"http://127.0.0.1:{stack.ports.admin}/stats/prometheus").text
+        for name in ENVOY_FAILOVER_STATS:
+            assert f"\n{name}{{" in envoy, name
+        assert metric(envoy, "envoy_cluster_upstream_cx_connect_fail", 'envoy_cluster_name="code-model"') >= 1
+        assert metric(envoy, "envoy_cluster_outlier_detection_ejections_active", 'envoy_cluster_name="code-model"') == 1
+        assert metric(envoy, "envoy_cluster_upstream_rq_retry",
+                      'envoy_cluster_name="failover_code-model,math-model,general-model"') >= 1
     finally:
         stack.backends.up("code-model")

@@ -79,3 +79,9 @@ def envoy_alone(envoy_binary: str, config, workdir: Path, args: tuple[str, ...] 
     finally:
         envoy.terminate()
         envoy.wait(timeout=30)
+
+
+# Envoy's stats the dashboard and alerts read for failover (tests/integration/test_failover.py finds
+# each in the rendered gateway's /stats/prometheus; tests/deploy checks the dashboard names no other).
+ENVOY_FAILOVER_STATS = ("envoy_cluster_upstream_rq_total", "envoy_cluster_upstream_rq_retry",
+                        "envoy_cluster_upstream_cx_connect_fail", "envoy_cluster_outlier_detection_ejections_active")
