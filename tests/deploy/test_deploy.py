@@ -203,7 +203,7 @@ def promql_metric_names(expr: str) -> set[str]:
 
 
 def envoy_metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b(envoy_[a-z0-9_]+)", expr))
+    return set(re.findall(r"\b(envoy_[a-z0-9_]+)(?=[{\[])", expr))  # a series: not a label or a cluster
 
 
 def test_grafana_panels_only_use_exported_metrics():
