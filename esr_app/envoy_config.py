@@ -258,7 +258,8 @@ def _failover_cluster(chain: tuple[str, ...]) -> dict:
             "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig", "clusters": list(chain)}},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "use_downstream_protocol_config": {},
+            # What Envoy requires beside upstream filters; HTTP/1.1, as the backend clusters speak.
+            "explicit_http_config": {"http_protocol_options": {}},
             "http_filters": [
                 {"name": "envoy.filters.http.header_mutation", "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",

@@ -228,3 +228,22 @@ def test_max_attempts_bounds_the_chains_and_one_renders_none(tmp_path):
     one = render(_ranked(tmp_path, max_attempts=1, eject_after=0))["static_resources"]["clusters"]
     assert not [c for c in one if c["name"].startswith("failover:")]
     assert not [c for c in one if "outlier_detection" in c]
+
+
+def test_in_full_duplex_envoy_holds_a_body_it_may_retry_whole(tmp_path):
+    """Envoy retries only a request it holds whole (rq_retry_skipped_request_not_complete): with
+    failover chains, full duplex gets the buffer filter between the router's filter and Envoy's router."""
+    cfg = _ranked(tmp_path)
+    duplex = replace_at(cfg, "envoy.request_body_mode", "full_duplex_streamed")
+    assert list(http_filters(render(duplex)))[-3:] == [
+        "envoy.filters.http.ext_proc", "envoy.filters.http.buffer", "envoy.filters.http.router"]
+    assert "envoy.filters.http.buffer" not in http_filters(render(cfg))  # buffered: Envoy holds it already
+    single = replace_at(load_config(ROOT / "router.yaml"), "envoy.request_body_mode", "full_duplex_streamed")
+    assert "envoy.filters.http.buffer" not in http_filters(render(single))  # nothing to retry
+
+
+@pytest.mark.processes
+def test_the_failover_example_renders_a_config_envoy_accepts(tmp_path):
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(load_config(ROOT / "examples/failover/router.yaml")))
+    envoy_validate(path)
