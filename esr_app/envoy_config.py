@@ -123,7 +123,7 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
               "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
     attempts = {"header": {"key": ATTEMPTS, "value": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"},
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
-    routes = [
+    routes: list[dict[str, Any]] = [
         {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}},
                                       {"name": ROUTE, "string_match": {"exact": route}}]},
          "route": {"cluster": chain_cluster(chain), "timeout": upstream, "retry_policy": _retry_policy(chain, timeout)}}
@@ -164,7 +164,7 @@ def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], fl
     router/capabilities.py), the route's header timeout with it."""
     out = []
     attempts = config.failover.max_attempts
-    for route in (*config.routes, config.default_route):
+    for route in config.ranked_routes:
         timeout = route.header_timeout_ms if route.header_timeout_ms is not None else config.failover.header_timeout_ms
         for size in range(2, min(attempts, len(route.models)) + 1):
             out += [(route.name, chain, timeout) for chain in itertools.combinations(route.models, size)]

@@ -51,7 +51,7 @@ class NoCapableModel:
 class ModelChoice:
     def __init__(self, config: RoutingConfig):
         self._capabilities = {c.model: c for c in config.capabilities}
-        self._ranked = {r.name: r.models for r in (*config.routes, config.default_route)}
+        self._ranked = {r.name: r.models for r in config.ranked_routes}
         self._default = config.default_route.name
         self._attempts = config.failover.max_attempts
         self._pinned_fail_over = config.failover.pinned == "failover"

@@ -375,7 +375,12 @@ class RoutingConfig:
 
     @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:
-        return frozenset(m for r in (*self.routes, self.default_route) for m in r.models)
+        return frozenset(m for r in self.ranked_routes for m in r.models)
+
+    @property
+    def ranked_routes(self) -> tuple[RouteConfig | DefaultRouteConfig, ...]:
+        """Every route with its ranked models, the default route's last."""
+        return (*self.routes, self.default_route)
 
     @functools.cached_property
     def route_names(self) -> tuple[str, ...]:
