@@ -56,3 +56,27 @@ def test_the_report_counts_moves_shares_and_cost(tmp_path):
     assert out["models_after"] == {"code-model": 0.6667, "math-model": 0.3333}
     assert (out["cost_before"], out["cost_after"]) == (0.005, 0.007) and out["cost_change"] == 0.4
     assert "math                 code                        1" in format_report(out)
+
+
+def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_does(tmp_path):
+    from esr_tuning.conversations import decide_routed
+    from router.capabilities import REFUSED
+    from router.rules import RequestFacts, Rules
+
+    config = parse_config({
+        "routes": [{"name": "math", "model": "math-model", "utterances": ["m"]},
+                   {"name": "ops", "models": ["ops-model", "general-model"], "keywords": ["kubectl"]},
+                   {"name": "vision", "model": "vision-model", "keywords": ["diagram"]}],
+        "default_route": {"name": "general", "model": "general-model"},
+        "capabilities": [{"model": "ops-model", "tools": False}, {"model": "vision-model", "context_tokens": 100},
+                         {"model": "general-model", "context_tokens": 100}]})
+    path = tmp_path / "r.jsonl"
+    _write(path, [{**_row("ops", "ops-model", "keyword"), "texts": ["kubectl logs"],
+                   "facts": {"prompt_tokens": 10, "tools": True, "max_tokens": 5, "structured": False, "stream": True}},
+                  {**_row("vision", "vision-model", "keyword"), "texts": ["draw a diagram"],
+                   "facts": {"prompt_tokens": 10, "max_tokens": 500}}])
+    (tools, long), _ = read_records(path)
+    assert tools.facts == RequestFacts(10, True, False, 5, False, True)
+    decide = [decide_routed(config, Rules(config), None, None, r.texts, r.facts, {}) for r in (tools, long)]
+    assert (decide[0].route, decide[0].model, decide[0].skipped) == ("ops", "general-model", ("ops-model:tools",))
+    assert decide[1].route == REFUSED and decide[1].reason == "no_capable_model"  # the server's 400
