@@ -10,7 +10,7 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from tests.support.stack import ENVOY_FAILOVER_STATS
+from tests.support.stack import ENVOY_FAILOVER_STATS, envoy_series
 
 # Every room's metrics, registered: what the dashboards and alerts may name.
 import esr_app.metrics  # noqa: F401
@@ -202,10 +202,6 @@ def promql_metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\b(semantic_router_[a-z0-9_]+)", expr))
 
 
-def envoy_metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b(envoy_[a-z0-9_]+)(?=[{\[])", expr))  # a series: not a label or a cluster
-
-
 def test_grafana_panels_only_use_exported_metrics():
     dash = json.loads((ROOT / "deploy/grafana/semantic-router.json").read_text())
     exported = exported_names()
@@ -215,7 +211,7 @@ def test_grafana_panels_only_use_exported_metrics():
             "Embedding cache hit ratio (earlier turns, repeated prompts)", "Remote engine calls by outcome (circuit open: refused)"} <= titles
     for panel in dash["panels"]:
         for target in panel["targets"]:
-            used, envoys = promql_metric_names(target["expr"]), envoy_metric_names(target["expr"])
+            used, envoys = promql_metric_names(target["expr"]), envoy_series(target["expr"])
             assert used or envoys, (panel["title"], target["expr"])
             assert used <= exported, f"{panel['title']}: {sorted(used - exported)} not exported"
             # Envoy's, as tests/integration/test_failover.py scrapes them from the rendered gateway

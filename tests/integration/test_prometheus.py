@@ -73,7 +73,7 @@ def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(
 
     from devstack.stack import ROOT, free_port
     from esr_config import load_config
-    from tests.support.stack import envoy_alone
+    from tests.support.stack import envoy_alone, envoy_series
 
     cfg = load_config(ROOT / "router.yaml")
     listen, admin, stats = free_port(), free_port(), free_port()
@@ -82,7 +82,7 @@ def test_envoys_stats_port_serves_what_the_alerts_read_and_nothing_of_the_admin(
     with envoy_alone(envoy_binary, cfg, tmp_path) as envoy:
         text = httpx.get(f"http://127.0.0.1:{stats}/stats/prometheus", timeout=10).text
         rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
-        used = {n for r in rules for n in re.findall(r"\b(envoy_[a-z0-9_]+)", r["expr"])}
+        used = {n for r in rules for n in envoy_series(r["expr"])}
         assert used >= {"envoy_http_ext_proc_failure_mode_allowed", "envoy_http_ext_proc_streams_failed"}
         exported = set(re.findall(r"^(envoy_[a-z0-9_]+)\{", text, re.M))
         assert used <= exported, used - exported

@@ -81,6 +81,12 @@ def envoy_alone(envoy_binary: str, config, workdir: Path, args: tuple[str, ...] 
         envoy.wait(timeout=30)
 
 
+def envoy_series(expr: str) -> set[str]:
+    """The Envoy series a PromQL expression reads: a name followed by its matchers or range, not a
+    label (envoy_cluster_name) or a cluster named in a matcher."""
+    return set(re.findall(r"\b(envoy_[a-z0-9_]+)(?=[{\[])", expr))
+
+
 # Envoy's stats the dashboard and alerts read for failover (tests/integration/test_failover.py finds
 # each in the rendered gateway's /stats/prometheus; tests/deploy checks the dashboard names no other).
 ENVOY_FAILOVER_STATS = ("envoy_cluster_upstream_rq_total", "envoy_cluster_upstream_rq_retry",
