@@ -134,3 +134,18 @@ def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
     assert _accept_level(lead, np.ones(1000, dtype=np.int64), 0.004) == math.inf
     # Judged on accuracy: a wrong static decision the encoder also gets wrong costs nothing.
     assert _accept_level(lead, np.where(agrees, 0, np.where(lead > 0.1, 0, 1)), 0.004) < level
+
+
+def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_made(tmp_path):
+    from esr_app.routing_build import static_tier_on
+
+    # the bundled model on CUDA (torch): its table is there; measured faster there too (docs/static-tier.md)
+    assert static_tier_on(config(encoder={"device": "cuda", "backend": "torch"}))
+    assert static_tier_on(config(encoder={"device": "cpu", "backend": "onnx"}))
+    # a model directory with neither a table nor an ONNX export: off, rather than failing to start
+    bare = tmp_path / "model"
+    bare.mkdir()
+    assert not static_tier_on(config(encoder={"model": str(bare), "device": "cuda", "backend": "torch"}))
+    assert not static_tier_on(config(encoder={"model": "org/some-model", "device": "cuda", "backend": "torch"}))
+    assert not static_tier_on(config(encoder={"socket": "/tmp/model.sock"}))
+    assert static_tier_on(config(encoder={"socket": "/tmp/model.sock"}, static_tier={"enabled": True}))
