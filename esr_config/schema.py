@@ -62,9 +62,4 @@ class RouterConfig(RoutingConfig):
             require(model in self.backend_models, f"prices.{model}", f"{model!r} is not the model of any route or the default route")
             require(isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0, f"prices.{model}",
                     "must be a number, 0 or more")
-        seen_models = set()
-        for i, b in enumerate(self.backends):
-            require(b.model not in seen_models, f"backends[{i}].model", f"{b.model!r} has two backends")
-            require(b.model in self.backend_models, f"backends[{i}].model",
-                    f"{b.model!r} is not the model of any route or the default route")
-            seen_models.add(b.model)
+        self.require_models_once(self.backends, "backends", "has two backends")

@@ -10,7 +10,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 from esr_settings import header_safe, require
 from router.calibration import CalibrationConfig
@@ -330,12 +330,7 @@ class RoutingConfig:
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
-        named = set()
-        for i, c in enumerate(self.capabilities):
-            require(c.model not in named, f"capabilities[{i}].model", f"{c.model!r} is listed twice")
-            require(c.model in self.backend_models, f"capabilities[{i}].model",
-                    f"{c.model!r} is not a model of any route or the default route")
-            named.add(c.model)
+        self.require_models_once(self.capabilities, "capabilities", "is listed twice")
         seen = {self.default_route.name}
         for i, route in enumerate(self.routes):
             require(route.name not in seen, f"routes[{i}].name", f"duplicate route name {route.name!r}")
@@ -376,6 +371,15 @@ class RoutingConfig:
     @functools.cached_property  # asked on every request by the model policy
     def backend_models(self) -> frozenset[str]:
         return frozenset(m for r in self.ranked_routes for m in r.models)
+
+    def require_models_once(self, entries: Sequence[Any], key: str, twice: str) -> None:
+        """Each entry of a per-model list (`capabilities`, `backends`) names a model of some route, once."""
+        seen = set()
+        for i, entry in enumerate(entries):
+            require(entry.model not in seen, f"{key}[{i}].model", f"{entry.model!r} {twice}")
+            require(entry.model in self.backend_models, f"{key}[{i}].model",
+                    f"{entry.model!r} is not the model of any route or the default route")
+            seen.add(entry.model)
 
     @property
     def ranked_routes(self) -> tuple[RouteConfig | DefaultRouteConfig, ...]:
