@@ -84,7 +84,7 @@ PYTEST_WORKERS ?= 2
 MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.py \
 	tests/integration/test_bad_input.py tests/integration/test_edge_adversarial.py \
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
-	tests/integration/test_decisions.py tests/integration/test_conversation.py
+	tests/integration/test_decisions.py tests/integration/test_conversation.py tests/integration/test_failover.py
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(MAKE) test-duplex test-streamed

@@ -254,6 +254,11 @@ def _failover_cluster(chain: tuple[str, ...]) -> dict:
         "name": chain_cluster(chain),
         "connect_timeout": "1s",
         "lb_policy": "CLUSTER_PROVIDED",
+        # As many retries in flight as requests: each request retries one at a time. Envoy's default
+        # (3 retries in flight a cluster) failed the rest with the model's error when a model answered
+        # 429 to 16 clients at once (upstream_rq_retry_overflow, measured).
+        "circuit_breakers": {"thresholds": [{"retry_budget": {"budget_percent": {"value": 100.0},
+                                                              "min_retry_concurrency": 16}}]},
         "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig", "clusters": list(chain)}},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

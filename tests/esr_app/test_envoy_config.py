@@ -198,6 +198,8 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
                              "failover:code-model,math-model", "failover:code-model,general-model"}
     assert failover["failover:code-model,general-model"]["cluster_type"]["typed_config"]["clusters"] == \
         ["code-model", "general-model"]
+    budget = failover["failover:code-model,general-model"]["circuit_breakers"]["thresholds"][0]["retry_budget"]
+    assert budget["budget_percent"]["value"] == 100.0  # not Envoy's 3 retries in flight
     names = [f["name"] for f in failover["failover:code-model,general-model"]["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]]
     assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.lua", "envoy.filters.http.upstream_codec"]

@@ -144,6 +144,34 @@ def test_a_pinned_model_that_cannot_serve_the_request_is_refused_saying_why(stac
                   'capability="tools",model="math-model"') >= 1
 
 
+def test_many_requests_failing_over_at_once_all_reach_the_next_model(stack):
+    """A model answering 429 to everyone is never ejected (a 429 is no failure of the model): each
+    request fails over, 16 at a time. Envoy's default allows 3 retries in flight per cluster; past
+    that a request would get the 429 (upstream_rq_retry_overflow)."""
+    answers, lock = [], threading.Lock()
+
+    def worker(n: int) -> None:
+        c = client(stack, f"busy-{n}", **{"x-mock-fail": "code-model=429"})
+        for i in range(12):
+            try:
+                raw = c.chat.completions.with_raw_response.create(
+                    model="auto", messages=[{"role": "user", "content": f"{CODE} ({n}.{i})"}])
+                raw.parse()
+                outcome = raw.headers["x-semantic-route-attempts"]
+            except openai.APIError as exc:
+                outcome = repr(exc)
+            with lock:
+                answers.append(outcome)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == ["2"] * len(answers) and len(answers) == 16 * 12, sorted(set(answers))
+    healthy(stack)
+
+
 def test_with_a_backend_refusing_connections_no_request_fails_and_it_is_soon_skipped(stack):
     """The issue's row: one of three backends down at c16 for 20 s; 0 failed. After EJECT_AFTER
     failures in a row Envoy's outlier detection skips it: failover costs the first requests only."""
