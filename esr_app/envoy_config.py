@@ -347,7 +347,8 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
 
 # The response cache's answer keeper (esr_extproc/keeper.py). On the request: tells the router it is
 # here (a header only it can set: Envoy has dropped every client's copy). On the answer: when the
-# router named an entry, copies each chunk as it passes on to the client (nothing is held back)
+# router named an entry, copies each chunk as it passes on to the client (nothing is held back; an
+# answer after a failover is not kept: its entry names the model first tried)
 # and, at the end, hands the whole answer to the router in one gRPC call, not waited for. An answer
 # past the entry limit is not copied on; its size alone is sent (the router counts it too_large).
 _KEEPER_LUA = """
@@ -365,6 +366,11 @@ end
 function envoy_on_response(handle)
   local named = handle:streamInfo():dynamicMetadata():get(NAMESPACE)
   if named == nil or named["entry"] == nil then
+    return
+  end
+  -- An answer from a model the request failed over to is not the one its entry names: not kept.
+  local tries = handle:headers():get("%(attempts)s")
+  if tries ~= nil and tries ~= "1" then
     return
   end
   local parts, size = {}, 0
@@ -411,6 +417,7 @@ def _send_stamp() -> dict:
 
 def _cache_keeper(config: RouterConfig) -> dict:
     code = _KEEPER_LUA % {"namespace": CACHE_NAMESPACE, "limit": config.cache.max_entry_bytes, "keeper": CACHE_KEEPER,
+                          "attempts": ATTEMPTS,
                           "cluster": ROUTER_CLUSTER, "method": keeper.METHOD, "entry": keeper.ENTRY,
                           "size": keeper.SIZE}
     return {"name": "envoy.filters.http.lua", "typed_config": {

@@ -214,3 +214,30 @@ def test_with_a_backend_refusing_connections_no_request_fails_and_it_is_soon_ski
                       'envoy_cluster_name="failover_code-model,math-model,general-model"') >= 1
     finally:
         stack.backends.up("code-model")
+
+
+@pytest.fixture(scope="module")
+def cached_stack(tmp_path_factory, envoy_binary):
+    def cached(config: dict) -> None:
+        ranked(config)
+        config["cache"] = {"enabled": True}
+
+    with stack_with(tmp_path_factory.mktemp("failover-cached"), cached) as s:
+        yield s
+
+
+def test_an_answer_after_a_failover_is_not_kept_for_the_model_first_tried(cached_stack):
+    """The cache keys the body as the router forwarded it (code-model); a fallback model's answer
+    is not code-model's, so Envoy's keeper does not keep it."""
+    from tests.support.stack import cache_stores
+    from tests.support.waiting import wait_for
+
+    prompt = f"{CODE} ({uuid.uuid4().hex})"
+    kept = cache_stores(cached_stack)
+    headers, completion, seen = chat(cached_stack, prompt, **{"x-mock-fail": "code-model=503"})
+    assert seen == ["code-model", "math-model"] and completion.model == "math-model"
+    headers, completion, seen = chat(cached_stack, prompt)  # not from the cache: code-model answers now
+    assert seen == ["code-model"] and completion.model == "code-model"
+    wait_for(lambda: cache_stores(cached_stack) == kept + 1, 10, "code-model's answer kept")
+    headers, completion, seen = chat(cached_stack, prompt)
+    assert seen == [] and completion.model == "code-model"  # and replayed
