@@ -28,7 +28,7 @@ from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
 from esr_extproc.shedding import overloaded
 from esr_extproc.stream import RequestStream, canonical_path
-from router.capabilities import NoCapableModel
+from router import capabilities
 from router.engine import RoutingEngine
 
 log = logging.getLogger(__name__)
@@ -178,8 +178,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
-                empty = current.engine.models.asking_nothing(current.engine.default("invalid_body"))
-                return routed_answer.routed(None, None, empty, current.settings, at_headers=True)
+                return routed_answer.routed(None, None, current.engine.default("invalid_body"), current.settings,
+                                            at_headers=True)
         stream.cache = CacheExchange.open(self.cache, stream.path, h, kept_by_envoy=h.get(CACHE_KEEPER) == "lua")
         # An answer that may be kept is shown to the router as it streams past, unless Envoy's keeper
         # hands it back whole: Envoy is asked now (the only time it takes a new mode). Envoy takes no
@@ -227,12 +227,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.FILTER_FAILURES.labels(failure).inc()
         # A decision an earlier filter made stands, also past a failure (a pinned model must reach
         # its own backend, which the body names); only an undecided request takes the default route.
-        decision = ctx.decision or engine.default(failure or "default")
-        chosen = engine.models.choose(decision, ctx.facts)
-        if isinstance(chosen, NoCapableModel):
+        decision = ctx.decision or engine.default(failure or "default", ctx.facts)
+        if decision.route == capabilities.REFUSED:  # no model may serve what it asks
             metrics.BAD_REQUESTS.labels("no_capable_model").inc()
-            return refusal(400, chosen.message, "no_capable_model")
-        decision = chosen
+            return refusal(400, capabilities.refusal_message(decision), "no_capable_model")
         decided_at = time.perf_counter()
         with self._span("semantic_router.cache_lookup") if stream.cache is not None else contextlib.nullcontext():
             hit = await cached_answer(stream.cache, read, decision, current.settings)

@@ -143,7 +143,7 @@ def decide_routed(config: RouterConfig, rules: Rules, classifier: RouteClassifie
         decision = classifier.default("no_prompt")
     decision = decision or (static.decide(texts) if static else None) or classifier.conversation_decision(
         classifier.scores(np.stack([vectors[t] for t in texts])), config.conversation.gate)
-    return ModelChoice(config).offline(decision, fact)  # then the model that serves it, as the server picks it
+    return ModelChoice(config).choose(decision, fact)  # then the model that serves it, as the server picks it
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],

@@ -52,12 +52,12 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
     rules, models = Rules(config), ModelChoice(config)
     decisions = classifier.classify_many(embeddings)
     if not rules and static is None and not models.reads_facts:
-        return [models.offline(d, RequestFacts()) for d in decisions]
+        return [models.choose(d, RequestFacts()) for d in decisions]
     routed = routed_texts_of(config, texts)
     for i, text in enumerate(texts):
         facts = request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
         ruled = rules.decide(routed[i], facts) if rules else None
-        decisions[i] = models.offline(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
+        decisions[i] = models.choose(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
     return decisions
 
 

@@ -37,7 +37,7 @@ class ModelPolicy:
         cfg = ctx.engine.config
         model = ctx.requested_model
         if model in cfg.backend_models:
-            ctx.decision = ctx.engine.pinned(model)
+            ctx.decision = ctx.engine.pinned(model, ctx.facts)
         elif model is None or model in cfg.requests.model_aliases or cfg.requests.unknown_model == "route":
             ctx.rewrite_model = True
         else:
@@ -57,12 +57,12 @@ class SemanticRoute:
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.decision is None and ctx.unread is None:
-            ctx.decision = ctx.engine.rules.decide(ctx.prompt or "", ctx.facts)
+            ctx.decision = ctx.engine.ruled(ctx.prompt or "", ctx.facts)
         if ctx.decision is None:
             if not ctx.turns:
-                ctx.decision = ctx.engine.default(ctx.unread or "no_prompt")
+                ctx.decision = ctx.engine.default(ctx.unread or "no_prompt", ctx.facts)
             else:
-                ctx.decision = await ctx.engine.decide(ctx.turns, ctx.deadline, ctx.embedding)
+                ctx.decision = await ctx.engine.decide(ctx.turns, ctx.deadline, ctx.embedding, ctx.facts)
 
 
 @dataclass(frozen=True)

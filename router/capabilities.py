@@ -5,7 +5,6 @@ capable models after it in rank order. Eval and the server choose by this one co
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from router import metrics
 from router.classifier import Decision
@@ -37,15 +36,18 @@ def missing(capabilities: ModelCapabilities | None, facts: RequestFacts) -> str 
     return None
 
 
-REFUSED = "(refused)"  # the route offline evaluation reports for a request the server refuses (400)
+# The route of a request no model can serve: the server refuses it (a 400 saying why:
+# refusal_message), and eval, fit and replay count it as a decision for no route.
+REFUSED = "(refused)"
 
 
-@dataclass(frozen=True)
-class NoCapableModel:
-    """No model may serve the request: a 400 naming what it asked that they lack."""
-
-    capability: str  # what the first model it would have gone to lacks
-    message: str
+def refusal_message(decision: Decision) -> str:
+    """What a refused request lacked, from its skipped models ("model:capability")."""
+    lacked = [s.rsplit(":", 1) for s in decision.skipped]  # a model's name may hold a colon
+    if decision.reason == "model_pinned":
+        return f"The model {decision.model!r} cannot serve this request: {_LACKS[lacked[0][1]]}."
+    lacks = "; ".join(f"{model} ({_LACKS[why]})" for model, why in lacked)
+    return f"No model on this gateway can serve this request: {lacks}."
 
 
 class ModelChoice:
@@ -61,10 +63,10 @@ class ModelChoice:
         """Whether any model is limited (so the parser must measure requests)."""
         return bool(self._capabilities)
 
-    def choose(self, decision: Decision, facts: RequestFacts) -> Decision | NoCapableModel:
+    def choose(self, decision: Decision, facts: RequestFacts) -> Decision:
         """`decision` with the model that serves the request and the chain Envoy fails over along.
         A route with no capable model leaves the request to the default route's models (reason
-        no_capable_model); a pinned model is kept, or refused where it cannot serve the request."""
+        no_capable_model); none at all, or a pinned model that cannot serve it: route REFUSED."""
         if decision.reason == "model_pinned":
             return self._pinned(decision, facts)
         capable, skipped = self._split(self._ranked.get(decision.route, (decision.model,)), facts)
@@ -76,29 +78,14 @@ class ModelChoice:
                                     more, skipped + skipped_default)
             skipped += skipped_default
         if not capable:
-            first = skipped[0].partition(":")
-            lacks = "; ".join(f"{m} ({_LACKS[why]})" for m, _, why in (s.partition(":") for s in skipped))
-            return NoCapableModel(first[2], f"No model on this gateway can serve this request: {lacks}.")
+            return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier, skipped=skipped)
         return self._chosen(decision, capable, skipped)
 
-    def offline(self, decision: Decision, facts: RequestFacts) -> Decision:
-        """`choose` as eval, fit and replay count it: a refusal is a decision for no route (REFUSED)."""
-        chosen = self.choose(decision, facts)
-        if isinstance(chosen, NoCapableModel):
-            return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier)
-        return chosen
-
-    def asking_nothing(self, decision: Decision) -> Decision:
-        """The choice for a request that asks nothing of a model (no body): its route's first model."""
-        chosen = self.choose(decision, RequestFacts())
-        assert isinstance(chosen, Decision)  # every model serves what asks nothing
-        return chosen
-
-    def _pinned(self, decision: Decision, facts: RequestFacts) -> Decision | NoCapableModel:
+    def _pinned(self, decision: Decision, facts: RequestFacts) -> Decision:
         why = missing(self._capabilities.get(decision.model), facts)
         if why is not None:
             metrics.MODELS_SKIPPED.labels(decision.model, why).inc()
-            return NoCapableModel(why, f"The model {decision.model!r} cannot serve this request: {_LACKS[why]}.")
+            return dataclasses.replace(decision, route=REFUSED, skipped=(f"{decision.model}:{why}",))
         ranked = self._ranked.get(decision.route, ())
         if not self._pinned_fail_over or decision.model not in ranked:
             return decision

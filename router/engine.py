@@ -14,10 +14,12 @@ from router.classifier import Decision, RouteClassifier
 from router.capabilities import ModelChoice
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
-from router.rules import Rules
+from router.rules import RequestFacts, Rules
 from router.static_tier import StaticTier
 
 log = logging.getLogger(__name__)
+
+NO_FACTS = RequestFacts()  # a request that asks nothing of a model: its route's first serves it
 
 class RoutingUnavailable(Exception):
     """No embedding for this prompt: the batcher is overloaded, the deadline passed, the router is
@@ -68,12 +70,22 @@ class RoutingEngine:
         for route in reversed(config.routes):
             self._route_of_model[route.model] = route.name
 
-    def default(self, reason: str) -> Decision:
-        return self.classifier.default(reason)
+    # Each decision comes out with the model that serves the request chosen (router/capabilities.py,
+    # by what the request asks: `facts`), in the same call: the request does not come back for it.
 
-    def pinned(self, model: str) -> Decision:
-        """The decision for a request that names a backend model itself."""
-        return Decision(self._route_of_model.get(model, self.config.default_route.name), model, 1.0, "model_pinned")
+    def default(self, reason: str, facts: RequestFacts = NO_FACTS) -> Decision:
+        return self.models.choose(self.classifier.default(reason), facts)
+
+    def pinned(self, model: str, facts: RequestFacts = NO_FACTS) -> Decision:
+        """The decision for a request that names a backend model itself (route REFUSED where the
+        model cannot serve what the request asks)."""
+        pinned = Decision(self._route_of_model.get(model, self.config.default_route.name), model, 1.0, "model_pinned")
+        return self.models.choose(pinned, facts)
+
+    def ruled(self, text: str, facts: RequestFacts) -> Decision | None:
+        """The decision of the config's rules or a route's keywords (router/rules.py), if one matches."""
+        decided = self.rules.decide(text, facts)
+        return None if decided is None else self.models.choose(decided, facts)
 
     async def embed(self, text: str, deadline: float) -> np.ndarray:
         """Through the cache. Raises RoutingUnavailable, whatever went wrong (a model failure must
@@ -84,7 +96,8 @@ class RoutingEngine:
             raise RoutingUnavailable(_fallback_reason(exc)) from exc
 
     async def decide(
-        self, turns: Sequence[str], deadline: float, embed_last: Callable[[], Awaitable[np.ndarray]] | None = None
+        self, turns: Sequence[str], deadline: float, embed_last: Callable[[], Awaitable[np.ndarray]] | None = None,
+        facts: RequestFacts = NO_FACTS,
     ) -> Decision:
         """Routes a request on its user turns, oldest first (router/conversation.py): the last is
         the request's own prompt, which `embed_last` embeds when a caller shares its embedding
@@ -95,14 +108,14 @@ class RoutingEngine:
             decided = self.static.decide(turns)
             if decided is not None:
                 metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
-                return decided
+                return self.models.choose(decided, facts)
         last = embed_last() if embed_last else self.embed(turns[-1], deadline)
         found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
         if isinstance(found[-1], BaseException):
             if isinstance(found[-1], RoutingUnavailable):
-                return self.default(found[-1].reason)
+                return self.default(found[-1].reason, facts)
             raise found[-1]
         scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
         metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
-        return decided
+        return self.models.choose(decided, facts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from esr_config import ConfigError, parse_config
-from router.capabilities import ModelChoice, NoCapableModel, missing
+from router.capabilities import REFUSED, ModelChoice, missing, refusal_message
 from router.classifier import Decision
 from router.config import ModelCapabilities
 from router.llm_body import estimate_tokens, request_facts
@@ -75,9 +75,10 @@ def test_a_route_with_no_capable_model_goes_to_the_default_routes_first_capable_
 def test_no_capable_model_at_all_is_a_refusal_that_says_what_is_missing():
     choice = ModelChoice(config(default_route={"name": "general", "models": ["general-model"]}))
     refused = choice.choose(routed("vision", "small-model"), RequestFacts(has_images=True))
-    assert isinstance(refused, NoCapableModel) and refused.capability == "images"
-    assert "small-model (it does not take images)" in refused.message
-    assert "general-model (it does not take images)" in refused.message
+    assert refused.route == REFUSED and refused.reason == "no_capable_model"
+    assert refused.skipped == ("small-model:images", "general-model:images")
+    assert refusal_message(refused) == ("No model on this gateway can serve this request: small-model (it does not "
+                                        "take images); general-model (it does not take images).")
 
 
 def test_a_fallback_takes_the_default_routes_models_as_any_decision_does():
@@ -91,14 +92,50 @@ def test_a_pinned_model_is_kept_refused_when_incapable_and_fails_over_only_when_
     keep = ModelChoice(config())
     assert keep.choose(pinned, RequestFacts()) == pinned
     refused = keep.choose(pinned, RequestFacts(has_tools=True))
-    assert isinstance(refused, NoCapableModel) and "'small-model' cannot serve this request" in refused.message
+    assert refused.route == REFUSED and refused.model == "small-model"
+    assert refusal_message(refused) == "The model 'small-model' cannot serve this request: it does not take tools."
     along = ModelChoice(config(failover={"pinned": "failover"})).choose(pinned, RequestFacts())
     assert along.model == "small-model" and along.chain == ("small-model", "general-model")
 
 
-def test_what_asks_nothing_goes_to_the_routes_first_model():
-    got = ModelChoice(config()).asking_nothing(Decision("general", "general-model", 0.0, "invalid_body"))
-    assert got.model == "general-model" and got.chain == ("general-model", "big-model")
+def test_a_models_name_may_hold_a_colon():
+    choice = ModelChoice(config(routes=[{"name": "a", "models": ["org:small", "org:big"], "utterances": ["u"]}],
+                                capabilities=[{"model": "org:small", "tools": False}]))
+    got = choice.choose(routed("a", "org:small"), RequestFacts(has_tools=True))
+    assert got.model == "org:big" and got.skipped == ("org:small:tools",)
+    pinned = choice.choose(Decision("a", "org:small", 1.0, "model_pinned"), RequestFacts(has_tools=True))
+    assert refusal_message(pinned) == "The model 'org:small' cannot serve this request: it does not take tools."
+
+
+def test_the_engine_hands_out_decisions_with_their_model_chosen():
+    """Each of the engine's decisions (pinned, ruled, default, the classifier's) comes with its model
+    chosen in the same call: the request never comes back to the router for it."""
+    import asyncio
+
+    from router.classifier import RouteClassifier
+    from router.engine import RoutingEngine
+    from tests.support.fakes import encode
+
+    cfg = config(routes=[{"name": "math", "models": ["math-model", "general-model"], "utterances": ["m1"],
+                          "keywords": ["integral"]},
+                         {"name": "vision", "model": "small-model", "utterances": ["c1"]}], default_threshold=0.5)
+    engine = RoutingEngine(cfg, None, RouteClassifier(cfg, encode))
+    tools = RequestFacts(has_tools=True)
+    assert engine.default("no_prompt", RequestFacts(prompt_tokens=9000)).model == "big-model"
+    assert engine.default("no_prompt").chain == ("general-model", "big-model")  # asks nothing: the first
+    long = engine.ruled("an integral", RequestFacts(prompt_tokens=9000))
+    assert (long.route, long.model, long.chain, long.skipped) == ("math", "math-model", (), ("general-model:context",))
+    assert engine.ruled("an integral", tools).chain == ("math-model", "general-model")
+    assert engine.pinned("small-model", tools).route == REFUSED
+    assert engine.pinned("small-model").model == "small-model"
+
+    class Batcher:
+        async def embed(self, text, deadline):
+            return encode([text])[0]
+
+    engine.batcher = Batcher()
+    decided = asyncio.run(engine.decide(["c2"], float("inf"), facts=RequestFacts(has_images=True)))
+    assert (decided.route, decided.model, decided.reason) == ("general", "big-model", "no_capable_model")
 
 
 @pytest.mark.parametrize("change, key", [
