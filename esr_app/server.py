@@ -14,6 +14,7 @@ from typing import Callable
 
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
@@ -26,6 +27,7 @@ from esr_app.reload import ConfigReloader
 from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
 from batching import Backend, Embedder
+from esr_extproc.attempt_log import FailedAttempts
 from esr_extproc.records import DecisionRecorder
 from esr_extproc.tracing import Tracing
 from esr_extproc.service import ExtProcService
@@ -115,6 +117,7 @@ class RouterServer:
         try:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
             ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.ext_proc, self.grpc)
+            als_pb2_grpc.add_AccessLogServiceServicer_to_server(FailedAttempts(), self.grpc)  # Envoy's failed tries
             if self.ext_proc.cache is not None:  # answers Envoy's keeper hands back (esr_extproc/keeper.py)
                 self.grpc.add_generic_rpc_handlers((CacheKeeper(self.ext_proc.cache).handler(),))
             FilterChain.from_config(self.config.filters, self.config.filter_settings)  # a bad chain fails before the model loads

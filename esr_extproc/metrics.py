@@ -32,3 +32,10 @@ SHED = Counter("semantic_router_shed_at_headers_total",
 RECORDS = Counter("semantic_router_decision_records_total",
                   "Decision records, by outcome: written, or dropped (rate_limited, queue_full) or failed (error).",
                   ["outcome"])
+BACKEND_FAILURES = Counter(
+    "semantic_router_backend_failures_total",
+    "Tries at a backend model that failed, as Envoy's rendered config reports them (esr_extproc/attempt_log.py), "
+    "by model and outcome (the status, 429 or more; connect_failure, timeout, reset, no_response). "
+    "Tries per model: envoy_cluster_upstream_rq_total.",
+    ["model", "outcome"],
+)

@@ -219,6 +219,11 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
     assert code["num_retries"] == 2 and code["per_try_timeout"] == "2.000s" and code["retriable_status_codes"] == [429]
     assert "per_try_timeout" not in by_route[("math", "math-model,general-model")]["retry_policy"]
     assert routes.index(chained[-1]) < min(i for i, r in enumerate(routes) if r.get("route", {}).get("cluster") == "math-model")
+    # every failed try goes to the router's access-log service, with its endpoint's model
+    (log,) = http_filters(doc)["envoy.filters.http.router"]["typed_config"]["upstream_log"]
+    common = log["typed_config"]["common_config"]
+    assert common["grpc_service"]["envoy_grpc"]["cluster_name"] == "semantic_router"
+    assert common["custom_tags"][0]["metadata"]["metadata_key"] == {"key": "semantic_router", "path": [{"key": "model"}]}
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(_ranked(tmp_path)))
     envoy_validate(path)

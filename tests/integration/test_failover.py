@@ -15,6 +15,7 @@ import pytest
 
 from devstack.stack import stack_with
 from tests.support.stack import ENVOY_FAILOVER_STATS, SESSION_DEADLINE_MS, metric, scrape
+from tests.support.waiting import wait_for
 
 CODE = "write a python function that reverses a linked list"
 MATH = "solve 3x + 5 = 20"
@@ -62,6 +63,8 @@ def healthy(stack) -> None:
                                      {"x-mock-stall": f"code-model={STALL_MS}"}],
                          ids=["503", "429-with-retry-after", "no-headers-in-time"])
 def test_a_failing_model_hands_the_request_to_the_next_of_its_route(stack, failure):
+    counted = 'model="code-model",outcome="%s"' % (failure.get("x-mock-fail", "=timeout").partition("=")[2])
+    before = metric(scrape(stack.metrics_url), "semantic_router_backend_failures_total", counted)
     started = time.monotonic()
     headers, completion, seen = chat(stack, CODE, **failure)
     assert seen == ["code-model", "math-model"]
@@ -71,6 +74,9 @@ def test_a_failing_model_hands_the_request_to_the_next_of_its_route(stack, failu
     assert completion.model == "math-model"  # the body's model was rewritten for the attempt
     if "x-mock-stall" in failure:  # moved on at the header timeout, not when the stalled model answered
         assert HEADER_TIMEOUT_MS / 1000 <= time.monotonic() - started < STALL_MS / 1000
+    # Envoy reports the failed try, with its model, to the router (esr_extproc/attempt_log.py)
+    wait_for(lambda: metric(scrape(stack.metrics_url), "semantic_router_backend_failures_total", counted) == before + 1,
+             10, f"the failed try counted ({counted})")
     healthy(stack)
 
 
@@ -213,6 +219,9 @@ def test_with_a_backend_refusing_connections_no_request_fails_and_it_is_soon_ski
         assert metric(envoy, "envoy_cluster_outlier_detection_ejections_active", 'envoy_cluster_name="code-model"') == 1
         assert metric(envoy, "envoy_cluster_upstream_rq_retry",
                       'envoy_cluster_name="failover_code-model,math-model,general-model"') >= 1
+        refused = metric(scrape(stack.metrics_url), "semantic_router_backend_failures_total",
+                         'model="code-model",outcome="connect_failure"')
+        assert 1 <= refused <= 16 * EJECT_AFTER, refused  # each refused try, by its model, until the ejection
     finally:
         stack.backends.up("code-model")
 
@@ -231,7 +240,6 @@ def test_an_answer_after_a_failover_is_not_kept_for_the_model_first_tried(cached
     """The cache keys the body as the router forwarded it (code-model); a fallback model's answer
     is not code-model's, so Envoy's keeper does not keep it."""
     from tests.support.stack import cache_stores
-    from tests.support.waiting import wait_for
 
     prompt = f"{CODE} ({uuid.uuid4().hex})"
     kept = cache_stores(cached_stack)
