@@ -18,10 +18,7 @@ with a backend down. Needs wrk and envoy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import subprocess
 from pathlib import Path
 
 from bench.overload_bench import WRK_SCRIPT, run_wrk, wrk_workdir
@@ -48,12 +45,6 @@ def ranked(config: dict) -> None:
 def envoy_cpu_s(stack) -> float:
     fields = Path(f"/proc/{stack.envoy.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wrk_tally(url_port: int, concurrency: int, seconds: float, script: Path) -> dict:
-    out = subprocess.run(["wrk", "-t2", f"-c{concurrency}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
-                          f"http://127.0.0.1:{url_port}"], capture_output=True, text=True, timeout=seconds + 60).stdout
-    return json.loads(re.search(r"^REASONS (\{.*\})$", out, re.M).group(1))
 
 
 def main() -> None:
@@ -89,7 +80,7 @@ def main() -> None:
             checks[f"p50 added at c{c}, no failover (target <= 1 ms)"] = {
                 "ok": added <= 1.0, "detail": f"ranked {best['ranked']} ms vs single {best['single']} ms: {added:+.3f} ms"}
         rank.backends.down("code-model")
-        statuses = wrk_tally(rank.ports.listener, 16, args.down_seconds, tally)
+        statuses = run_wrk(rank.ports.listener, 16, args.down_seconds, tally)["reasons"]  # status/attempts tallies
         rank.backends.up("code-model")
     total = sum(statuses.values())
     failed = sum(n for k, n in statuses.items() if not k.startswith("200/"))

@@ -124,17 +124,18 @@ def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequen
     """The decision of every user turn (flattened as TurnTable), as the router makes it: rules
     first, then the static tier where it stands (None: off), then the classifier on the turns
     its request is routed on."""
-    rules = Rules(config)
+    rules, models = Rules(config), ModelChoice(config)
     out = []
     for d in dialogues:
         facts = d.facts or [RequestFacts()] * len(d.turns)
         for texts, fact in zip(d.routed(config), facts):
-            out.append(decide_routed(config, rules, classifier, static, texts, fact, vectors))
+            out.append(decide_routed(config, rules, models, classifier, static, texts, fact, vectors))
     return out
 
 
-def decide_routed(config: RouterConfig, rules: Rules, classifier: RouteClassifier, static: StaticTier | None,
-                  texts: Sequence[str], fact: RequestFacts, vectors: dict[str, np.ndarray]) -> Decision:
+def decide_routed(config: RouterConfig, rules: Rules, models: ModelChoice, classifier: RouteClassifier,
+                  static: StaticTier | None, texts: Sequence[str], fact: RequestFacts,
+                  vectors: dict[str, np.ndarray]) -> Decision:
     """One request's decision on the texts it is routed on (oldest first), as the server's
     semantic_route filter makes it: rules on its own text, the static tier, then the classifier on
     every text under the conversation's gate; then the model of its route that can serve it."""
@@ -143,7 +144,7 @@ def decide_routed(config: RouterConfig, rules: Rules, classifier: RouteClassifie
         decision = classifier.default("no_prompt")
     decision = decision or (static.decide(texts) if static else None) or classifier.conversation_decision(
         classifier.scores(np.stack([vectors[t] for t in texts])), config.conversation.gate)
-    return ModelChoice(config).choose(decision, fact)  # then the model that serves it, as the server picks it
+    return models.choose(decision, fact)  # then the model that serves it, as the server picks it
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],

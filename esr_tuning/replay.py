@@ -15,6 +15,7 @@ import numpy as np
 
 from esr_config import RouterConfig
 from esr_tuning.conversations import decide_routed
+from router.capabilities import ModelChoice
 from esr_tuning.jsonl import BadRecord
 from router.classifier import Decision, RouteClassifier
 from router.rules import RequestFacts, Rules
@@ -66,8 +67,8 @@ def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
 
 def replay(config: RouterConfig, classifier: RouteClassifier, static: StaticTier | None, records: Sequence[Recorded],
            vectors: dict[str, np.ndarray]) -> list[Decision]:
-    rules = Rules(config)
-    return [decide_routed(config, rules, classifier, static, r.texts, r.facts, vectors) for r in records]
+    rules, models = Rules(config), ModelChoice(config)
+    return [decide_routed(config, rules, models, classifier, static, r.texts, r.facts, vectors) for r in records]
 
 
 def report(config: RouterConfig, records: Sequence[Recorded], decisions: Sequence[Decision], left_out: Counter) -> dict:

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 NO_FACTS = RequestFacts()  # a request that asks nothing of a model: its route's first serves it
 
+
 class RoutingUnavailable(Exception):
     """No embedding for this prompt: the batcher is overloaded, the deadline passed, the router is
     shutting down, the model process is away, or the model failed. `reason` is the fallback reason a request reports."""

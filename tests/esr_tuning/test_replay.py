@@ -60,7 +60,7 @@ def test_the_report_counts_moves_shares_and_cost(tmp_path):
 
 def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_does(tmp_path):
     from esr_tuning.conversations import decide_routed
-    from router.capabilities import REFUSED
+    from router.capabilities import REFUSED, ModelChoice
     from router.rules import RequestFacts, Rules
 
     config = parse_config({
@@ -77,6 +77,7 @@ def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_do
                    "facts": {"prompt_tokens": 10, "max_tokens": 500}}])
     (tools, long), _ = read_records(path)
     assert tools.facts == RequestFacts(10, True, False, 5, False, True)
-    decide = [decide_routed(config, Rules(config), None, None, r.texts, r.facts, {}) for r in (tools, long)]
+    decide = [decide_routed(config, Rules(config), ModelChoice(config), None, None, r.texts, r.facts, {})
+              for r in (tools, long)]
     assert (decide[0].route, decide[0].model, decide[0].skipped) == ("ops", "general-model", ("ops-model:tools",))
     assert decide[1].route == REFUSED and decide[1].reason == "no_capable_model"  # the server's 400
