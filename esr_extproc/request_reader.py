@@ -23,13 +23,18 @@ class ReadRequest(NamedTuple):
     cache_view: CacheView | None  # what the response cache keys it on, when asked for
 
 
+def unread_facts(raw: bytes) -> RequestFacts:
+    """What a body nobody read asks of a model: its tokens a byte each in four, the estimate's upper
+    end, so it is never sent to a model whose context it may not fit (router/capabilities.py);
+    tools and images are not known."""
+    return RequestFacts(prompt_tokens=len(raw) // 4)
+
+
 def unread(path: str, headers: dict[str, str], raw: bytes, engine: RoutingEngine, deadline: float,
            why: str | None) -> ReadRequest:
     """A request with nothing read from its body yet (`why`: why nothing will be)."""
-    # Its tokens a byte each in four, the estimate's upper end: a body nobody read is never sent to a
-    # model whose context it may not fit (router/capabilities.py); tools and images are not known.
     ctx = RequestContext(path=path, headers=headers, body={}, requested_model=None, deadline=deadline, engine=engine,
-                         body_bytes=len(raw), unread=why, facts=RequestFacts(prompt_tokens=len(raw) // 4))
+                         body_bytes=len(raw), unread=why, facts=unread_facts(raw))
     return ReadRequest(ctx, WireBody(raw), None)
 
 
@@ -44,7 +49,7 @@ async def read_request(bodies: BodyParser, path: str, headers: dict[str, str], r
         if encoding is not None:
             raw = await bodies.inflate(raw, encoding, settings.max_inflated_bytes, deadline)
             wire.raw, wire.inflated, ctx.body_bytes = raw, True, len(raw)
-            ctx.facts = RequestFacts(prompt_tokens=len(raw) // 4)
+            ctx.facts = unread_facts(raw)
         if len(raw) > settings.requests.max_body_bytes:
             metrics.BAD_REQUESTS.labels("too_large").inc()
             ctx.unread = "body_too_large"
