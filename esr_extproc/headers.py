@@ -15,7 +15,8 @@ SKIPPED = "x-semantic-route-skipped"
 # to their failover cluster (docs/failover.md). Internal only, as the next.
 CHAIN = "x-semantic-router-chain"
 # Where the forwarded body's `model` value starts: each attempt's upstream filter writes its own
-# model there. Removed by that filter before the backend.
+# model there. Left on for the backend, as the route headers are: a later attempt of the same
+# request reads it again (Envoy hands every attempt the same request headers).
 MODEL_AT = "x-semantic-router-model-at"
 
 # Set per failover attempt by the failover cluster's upstream filters: the model of the endpoint
