@@ -9,7 +9,7 @@ ext_proc interface of a real router process, with the default 500 ms deadline:
 
     python -m bench.contention_bench [--scenarios neighbour quota] [--neighbours pinned unpinned1 unpinned2]
                                      [--backend auto|onnx|torch] [--precision auto|fp32|int8] [--trials 2]
-                                     [--out result.json]
+                                     [--cascade] [--out result.json]
 
 Trials are interleaved (alone / contended, policy after policy) and every figure of a comparison
 comes from the same run. The quota scenario needs root and the cgroup v1 `cpu` controller at
@@ -34,6 +34,7 @@ from bench.report import emit
 from bench.workloads import short_prompts
 
 ENCODER: dict = {}  # encoder settings every router of the run gets (--backend, --torchscript)
+SERVING = {"cascade": False}  # --cascade: every router of the run serves the default config's static tier
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 FALLBACKS = ("fallback_timeout", "fallback_overload", "fallback_error", "fallback_shutdown")
 
@@ -97,7 +98,8 @@ def cpu_quota(cpus: float):
 
 @contextlib.asynccontextmanager
 async def router(workdir: Path, cpu_threads: int | None, cgroup: Path | None = None):
-    proc, port = start_router(workdir, "cpu", cpu_threads, deadline_ms=500, cgroup=cgroup, encoder=ENCODER)
+    proc, port = start_router(workdir, "cpu", cpu_threads, deadline_ms=500, cgroup=cgroup, encoder=ENCODER,
+                              cascade=SERVING["cascade"])
     client = ExtProcClient(port)
     try:
         await bursts(client, seed=999, n_bursts=1, size=64, concurrency=16)  # warm-up
@@ -198,7 +200,9 @@ def main() -> None:
     p.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto", help="encoder.backend")
     p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto", help="encoder.precision (onnx)")
     p.add_argument("--torchscript", choices=["on", "off"], default="on", help="encoder.torchscript (torch)")
+    p.add_argument("--cascade", action="store_true", help="serve router.yaml's static tier (default: the encoder alone)")
     args = p.parse_args()
+    SERVING["cascade"] = args.cascade
     ENCODER.update(backend=args.backend, torchscript=args.torchscript == "on")
     if args.backend != "torch":
         ENCODER["precision"] = args.precision

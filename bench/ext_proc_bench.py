@@ -69,11 +69,15 @@ class ExtProcClient:
 def start_router(
     workdir: Path, device: str, cpu_threads: int | None, deadline_ms: float = 30000, cgroup: Path | None = None,
     metrics_port: int | None = None, encoder: dict | None = None, server: dict | None = None,
+    cascade: bool = False,
 ) -> tuple[subprocess.Popen, int]:
-    """A router process on the default routes with the cache off (every request reaches the
-    model); `cgroup`: a cgroup v1 directory the process joins before it starts (a CPU quota)."""
+    """A router process on the default routes with the cache off and, unless `cascade`, the static
+    tier off (every request reaches the model); `cgroup`: a cgroup v1 directory the process joins
+    before it starts (a CPU quota)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     config["cache_size"] = 0
+    if not cascade:
+        config["static_tier"] = {"enabled": False}
     config["server"]["deadline_ms"] = deadline_ms  # the default 30 s measures latency, not fallbacks
     config["encoder"]["device"] = device
     if cpu_threads:

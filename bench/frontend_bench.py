@@ -67,6 +67,7 @@ class Gateway:
         self.name, self.workers = name, workers
         config = yaml.safe_load((ROOT / "router.yaml").read_text())
         config["cache_size"] = 0
+        config["static_tier"] = {"enabled": False}  # the full path is the embedding path: every prompt reaches the model
         config["server"]["workers"] = workers  # Envoy's config is rendered for a pool of this size
         if socket is not None:
             config["encoder"]["socket"] = socket

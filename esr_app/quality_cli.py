@@ -27,10 +27,14 @@ def load_or_exit(path: Path) -> RouterConfig:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    from esr_tuning.evaluation import decide_labelled, routed_texts_of
+
     config = load_or_exit(args.config)
     encoder, classifier = offline(config)
-    for text in args.text:
-        decision = classifier.classify(encoder.encode([text])[0])
+    # As the server decides a one-message request: rules, the static tier, then the encoder.
+    decisions = decide_labelled(config, classifier, args.text, encoder.encode(routed_texts_of(config, args.text)),
+                                static_tier(config))
+    for decision in decisions:
         if args.json:
             print(json.dumps(dataclasses.asdict(decision)))
         else:

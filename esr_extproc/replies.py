@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -32,14 +32,18 @@ def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
     return out
 
 
-def _set(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
-    return [
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-        )
-        for k, v in headers.items()
-    ]
+def _mutation(mutation: pb.HeaderMutation, set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> None:
+    """Fills `mutation` in place: upb builds a header there ~3x faster than from nested constructors
+    (~1 us a header), and an answer sets five or more on every routed request."""
+    for k, v in set_headers.items():
+        option = mutation.set_headers.add()
+        option.header.key = k
+        option.header.raw_value = v.encode()
+        option.append_action = _OVERWRITE
+    mutation.remove_headers.extend(remove)
+
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
 # A client's copies of the router's headers, the keeper's header (for the router only) and the
@@ -95,19 +99,20 @@ def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.Processin
 def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str]) -> pb.ProcessingResponse:
     """Shed at the headers phase: no body for the router, `headers` set and no route chosen, so Envoy
     routes on what it read of the body itself (a pinned model), else to the default route."""
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=pb.CommonResponse(
-            header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=(*_STRIPPED, *also)),
-            clear_route_cache=True)),
-        mode_override=_SKIP_BODY,
-    )
+    answer = pb.ProcessingResponse(mode_override=_SKIP_BODY)
+    common = answer.request_headers.response
+    _mutation(common.header_mutation, headers, (*_STRIPPED, *also))
+    common.clear_route_cache = True
+    return answer
 
 
 def headers_routed(headers: Mapping[str, str]) -> pb.ProcessingResponse:
     """Decided at the headers phase (no body will come): strip client copies, set the route."""
-    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=ROUTER_HEADERS),
-        clear_route_cache=True)))
+    answer = pb.ProcessingResponse()
+    common = answer.request_headers.response
+    _mutation(common.header_mutation, headers, ROUTER_HEADERS)
+    common.clear_route_cache = True
+    return answer
 
 
 def body_continue() -> pb.ProcessingResponse:
@@ -115,11 +120,13 @@ def body_continue() -> pb.ProcessingResponse:
 
 
 def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
-    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=_set(headers), remove_headers=remove),
-                               clear_route_cache=True)
+    answer = pb.ProcessingResponse()
+    common = answer.request_body.response
+    _mutation(common.header_mutation, headers, remove)
+    common.clear_route_cache = True
     if new_body is not None:
         common.body_mutation.body = new_body
-    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    return answer
 
 
 def naming_cache_entry(answer: pb.ProcessingResponse, token: str) -> pb.ProcessingResponse:
@@ -130,14 +137,10 @@ def naming_cache_entry(answer: pb.ProcessingResponse, token: str) -> pb.Processi
 
 def immediate(reply: ImmediateReply, headers: Mapping[str, str],
               details: str = "semantic_router_rejected") -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=reply.status),
-            headers=pb.HeaderMutation(set_headers=_set({**reply.headers, **headers})),
-            body=reply.body,
-            details=details,
-        )
-    )
+    answer = pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=reply.status), body=reply.body, details=details))
+    _mutation(answer.immediate_response.headers, {**reply.headers, **headers})
+    return answer
 
 
 _PASS_THROUGH = {

@@ -32,12 +32,14 @@ def _base() -> dict:
     return cfg
 
 
-def test_a_reload_removing_a_route_and_its_cache_mentions_is_taken(tmp_path):
+def test_a_reload_removing_a_route_and_its_mentions_is_taken(tmp_path):
     running, edited = _base(), _base()
     model = next(r["model"] for r in edited["routes"] if r["name"] == "math")
     edited["routes"] = [r for r in edited["routes"] if r["name"] != "math"]
     edited["backends"] = [b for b in edited.get("backends", []) if b["model"] != model]
     edited["cache"] = {"enabled": True, "semantic_routes": [], "semantic_thresholds": {"code": 0.8}}
+    edited["static_tier"] = {key: {k: v for k, v in table.items() if k != "math"}
+                             for key, table in edited["static_tier"].items()}
     ok, applied = _reload(tmp_path, running, edited)
     assert ok
     new = applied[-1]
