@@ -35,6 +35,7 @@ class FaultyBackend(FakeBackend):
 def faulty(tmp_path_factory, envoy_binary):
     def change(cfg):
         cfg["cache_size"] = 0
+        cfg["static_tier"] = {"enabled": False}  # every prompt reaches the faulty model, none is decided before it
         cfg["batching"].update(max_batch_size=1, max_queue_requests=2)
         cfg["server"]["deadline_ms"] = 500
 

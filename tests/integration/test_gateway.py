@@ -102,7 +102,9 @@ def test_not_json_goes_to_default_route(stack):
 
 def test_concurrent_requests_are_batched_and_visible_in_metrics(stack):
     before = scrape(stack.metrics_url)
-    prompts = [f"please solve equation number {i}: {i}x + {uuid.uuid4().int % 97} = 3" for i in range(96)]
+    # Prompts of the default route: the static tier never decides those, so every one reaches the
+    # batcher (math prompts like these it decides itself, without the model).
+    prompts = [f"tell me a story about a lighthouse keeper, number {i} ({uuid.uuid4().hex[:4]})" for i in range(96)]
 
     # 32 concurrent clients on one event loop: 32 client threads in this process (which also runs
     # the mock backends) took enough of the 2 cores to starve the router into fallbacks.
@@ -126,4 +128,22 @@ def test_concurrent_requests_are_batched_and_visible_in_metrics(stack):
     for name in ("semantic_router_queue_wait_seconds_count", "semantic_router_inference_seconds_count",
                  "semantic_router_processing_seconds_count"):
         assert metric(after, name) > metric(before, name), name
-    assert metric(after, "semantic_router_route_decisions_total", 'route="math"') > 0
+    assert metric(after, "semantic_router_route_decisions_total", 'route="general"') > 0
+
+
+def test_the_default_config_serves_the_cascade(stack):
+    """router.yaml (what `make run` serves) carries fitted static margins: a prompt the static tier
+    is sure of is decided without the model, one it leaves (the default route's) by the encoder."""
+    before = scrape(stack.metrics_url)
+    tiers = {}
+    for prompt in ("solve 2x + 3 = 7", "Tell me about the history of the Roman empire"):
+        r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
+                       json={"model": "auto", "messages": [{"role": "user", "content": prompt}]})
+        assert r.status_code == 200
+        tiers[r.headers["x-semantic-route"]] = r.headers["x-semantic-route-tier"]
+    assert tiers == {"math": "static", "general": "encoder"}
+    after = scrape(stack.metrics_url)
+    for tier in ("static", "encoder"):
+        counted = 'tier="%s"' % tier
+        assert metric(after, "semantic_router_decisions_by_tier_total", counted) \
+            - metric(before, "semantic_router_decisions_by_tier_total", counted) >= 1

@@ -22,6 +22,7 @@ def test_one_trace_runs_from_envoy_through_the_router_to_the_model_batch(tmp_pat
     with Receiver() as receiver:
         def traced(config):
             config["tracing"] = {"enabled": True, "endpoint": f"127.0.0.1:{receiver.port}", "sample_ratio": 1.0}
+            config["static_tier"] = {"enabled": False}  # the trace must reach the model's batch
 
         with stack_with(tmp_path, traced) as stack:
             r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
