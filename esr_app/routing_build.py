@@ -51,14 +51,30 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
 def static_tier_on(config: RouterConfig) -> bool:
     """static_tier.enabled resolved: auto is on where the encoder runs in this router, on the CPU
     (ONNX) or on CUDA where the model's static table is there or can be made (its ONNX export):
-    measured on an H200, the cascade's c1 p50 was 0.08x the encoder's (docs/static-tier.md)."""
+    measured on an H200, the cascade's c1 p50 was 0.08x the encoder's (docs/static-tier.md).
+    Behind a model process on this machine (`encoder.socket`: a pool's workers) it is on where the
+    model's static table is already made: each worker reads it, none distils its own. Off with a
+    remote engine, whose weights need not be the local copy's."""
     enabled = config.static_tier.enabled
     if enabled != "auto":
         return bool(enabled)
     encoder = config.encoder
-    if encoder.socket is not None or encoder.remote is not None:
+    if encoder.remote is not None:
         return False
+    if encoder.socket is not None:
+        return _static_table_made(encoder.model)
     return runtime(config) == "onnx" or _static_table_at_hand(encoder.model)
+
+
+def _static_table_made(spec: str) -> bool:
+    from esr_model.location import resolve_model
+    from esr_model.static_embedding import is_current
+
+    return _local(spec) and is_current(Path(resolve_model(spec)))
+
+
+def _local(spec: str) -> bool:
+    return spec.startswith("bundled:") or Path(spec).is_dir()  # else a hub name: nothing local to distil from
 
 
 def _static_table_at_hand(spec: str) -> bool:
@@ -67,8 +83,8 @@ def _static_table_at_hand(spec: str) -> bool:
     from esr_model.location import export_path, resolve_model
     from esr_model.static_embedding import is_current
 
-    if not (spec.startswith("bundled:") or Path(spec).is_dir()):
-        return False  # a hub name: nothing local to distil from
+    if not _local(spec):
+        return False
     model_dir = Path(resolve_model(spec))
     return is_current(model_dir) or export_path(model_dir).is_file()
 

@@ -70,7 +70,9 @@ def test_one_metrics_endpoint_shows_every_process_and_the_shared_batches(pool):
     by_worker = {w: grew("semantic_router_ext_proc_streams_total", f'process="{w}"') for w in ("worker-0", "worker-1")}
     assert sum(by_worker.values()) == len(prompts)
     assert all(n > 0 for n in by_worker.values()), by_worker  # 48 connections: both took some
-    assert grew("semantic_router_batch_size_sum") == len(prompts)  # one model process embedded them all
+    # One model process embedded them all, but those a worker's static tier decided itself.
+    static = grew("semantic_router_decisions_by_tier_total", 'tier="static"')
+    assert grew("semantic_router_batch_size_sum") + static == len(prompts)
     assert grew("semantic_router_batch_size_count") >= 1
     assert grew("semantic_router_requests_total", 'outcome="matched"') == len(prompts)
     for process in ("model", "worker-0", "worker-1"):
@@ -99,19 +101,25 @@ def test_a_killed_worker_is_replaced_and_requests_keep_being_answered(pool):
                          == "matched" for _ in range(8)), 120, "the replaced worker routes")
 
 
+UNSURE = "tell me about the history of the Roman empire"  # the default route's: always the encoder's to decide
+
+
 def test_a_killed_model_process_means_fallbacks_then_recovery(pool):
     os.kill(pid_of(pool, "model"), signal.SIGKILL)
     # Until it is back: answered at once on the default route, the reason says why, health says so.
     wait_for(lambda: not pool.router_serving(), 10, "workers report NOT_SERVING")
     reasons = set()
     for _ in range(10):
-        r = ask(pool, "solve the equation 2x + 3 = 11")
+        r = ask(pool, UNSURE)
         assert r.status_code == 200
         reasons.add(r.headers["x-semantic-route-reason"])
         if r.headers["x-semantic-route-reason"] == "fallback_unavailable":
             assert r.headers["x-mock-backend"] == "general-model"
     assert "fallback_unavailable" in reasons
-    wait_for(lambda: ask(pool, "solve the equation 2x + 3 = 11").headers["x-semantic-route-reason"] == "matched",
+    # What a worker's static tier is sure of is still routed without the model.
+    sure = ask(pool, "solve 2x + 3 = 7")
+    assert (sure.headers["x-mock-backend"], sure.headers["x-semantic-route-tier"]) == ("math-model", "static")
+    wait_for(lambda: ask(pool, UNSURE).headers["x-semantic-route-reason"] == "default",
              240, "routing again once the model process is back")
     assert metric(scrape(pool.metrics_url), "semantic_router_pool_restarts_total", 'process="model"') == 1
     wait_for(pool.router_serving, 10, "workers report SERVING again")

@@ -136,7 +136,7 @@ def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
     assert _accept_level(lead, np.where(agrees, 0, np.where(lead > 0.1, 0, 1)), 0.004) < level
 
 
-def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_made(tmp_path):
+def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_made_or_behind_a_pool_where_it_is(tmp_path):
     from esr_app.routing_build import static_tier_on
 
     # the bundled model on CUDA (torch): its table is there; measured faster there too (docs/static-tier.md)
@@ -147,5 +147,12 @@ def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_ma
     bare.mkdir()
     assert not static_tier_on(config(encoder={"model": str(bare), "device": "cuda", "backend": "torch"}))
     assert not static_tier_on(config(encoder={"model": "org/some-model", "device": "cuda", "backend": "torch"}))
-    assert not static_tier_on(config(encoder={"socket": "/tmp/model.sock"}))
-    assert static_tier_on(config(encoder={"socket": "/tmp/model.sock"}, static_tier={"enabled": True}))
+    # Behind a model process (a pool's workers): on where the table is already made, none distils one
+    assert static_tier_on(config(encoder={"socket": "/tmp/model.sock"}))
+    (bare / "onnx").mkdir()
+    (bare / "onnx" / "model.onnx").write_bytes(b"")  # an export to distil from, but no table made
+    assert static_tier_on(config(encoder={"model": str(bare), "device": "cpu", "backend": "onnx"}))
+    assert not static_tier_on(config(encoder={"model": str(bare), "socket": "/tmp/model.sock"}))
+    assert static_tier_on(config(encoder={"model": str(bare), "socket": "/tmp/model.sock"}, static_tier={"enabled": True}))
+    # A remote engine's weights need not be the local copy's
+    assert not static_tier_on(config(encoder={"remote": {"url": "https://engine.example:7997", "model": "m"}}))
