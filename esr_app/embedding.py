@@ -30,13 +30,17 @@ def make_backend(config: RouterConfig) -> Encoder:
         from esr_remote.backend import RemoteBackend
 
         return RemoteBackend(config.encoder.remote)
+    from esr_app.routing_build import static_tier_on
+
+    # The static tier decides most requests on the event loop, beside the model: it keeps a CPU.
+    front_end_cpus = 1 if static_tier_on(config) else 0
     if runtime(config) == "onnx":
         from esr_model.onnx_encoder import OnnxEncoder
 
-        return OnnxEncoder(config.encoder, keep=config.requests.truncate)
+        return OnnxEncoder(config.encoder, keep=config.requests.truncate, front_end_cpus=front_end_cpus)
     from esr_model.encoder import SentenceEncoder
 
-    return SentenceEncoder(config.encoder, keep=config.requests.truncate)
+    return SentenceEncoder(config.encoder, keep=config.requests.truncate, front_end_cpus=front_end_cpus)
 
 
 def runtime(config: RouterConfig) -> str:

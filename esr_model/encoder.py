@@ -14,7 +14,7 @@ from esr_model import cpu_quota
 from esr_model.location import resolve_model
 from esr_model import metrics
 from esr_model.config import ModelConfig
-from esr_model.thread_policy import ThreadTuner
+from esr_model.thread_policy import ThreadTuner, model_cpus
 from esr_model.truncation import Keep, cut_ids
 from esr_model.tuned import TunedEncoder
 from esr_model.torch_threads import single_threaded
@@ -39,8 +39,9 @@ class SentenceEncoder(TunedEncoder):
     because fast tokenizers hold no shared mutable state across calls.
     """
 
-    def __init__(self, config: ModelConfig, keep: Keep = "head"):
-        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate)."""
+    def __init__(self, config: ModelConfig, keep: Keep = "head", front_end_cpus: int = 0):
+        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate);
+        `front_end_cpus`: CPUs of the budget kept from the model's threads (model_cpus)."""
         self.keep = keep
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         model_path = resolve_model(config.model)
@@ -58,7 +59,7 @@ class SentenceEncoder(TunedEncoder):
         budget = cpu_quota.detect()
         # Fixed when configured; otherwise up to the CPUs the process may really use, the count
         # measured batch by batch (esr_model/thread_policy.py).
-        self.cpu_threads = config.cpu_threads or budget.cpus
+        self.cpu_threads = config.cpu_threads or model_cpus(budget.cpus, front_end_cpus)
         self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None and self.device == "cpu" else None
         with single_threaded():  # the loading thread must not keep a torch thread pool (see torch_threads)
             self.model = SentenceTransformer(model_path, device=self.device)

@@ -21,7 +21,7 @@ from esr_settings import ConfigError
 
 from esr_model import cpu_quota, int8_kernels
 from esr_model.location import export_is_current, export_path, export_record, resolve_model
-from esr_model.thread_policy import ThreadTuner
+from esr_model.thread_policy import ThreadTuner, model_cpus
 from esr_model.truncation import Keep, cut_ids
 from esr_model.tuned import TunedEncoder
 from esr_model import metrics
@@ -48,8 +48,9 @@ class OnnxEncoder(TunedEncoder):
     """Only the batcher's model thread calls `embed`; `tokenize` runs on the tokenizer thread (a
     `tokenizers.Tokenizer` is safe to share: encoding keeps no state between calls)."""
 
-    def __init__(self, config: ModelConfig, keep: Keep = "head"):
-        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate)."""
+    def __init__(self, config: ModelConfig, keep: Keep = "head", front_end_cpus: int = 0):
+        """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate);
+        `front_end_cpus`: CPUs of the budget kept from the model's threads (model_cpus)."""
         self.keep = keep
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the batcher has a tokenizer thread
         import onnxruntime as ort
@@ -66,7 +67,7 @@ class OnnxEncoder(TunedEncoder):
         self.on_cpu = True
         self.device = "cpu"
         budget = cpu_quota.detect()
-        self.cpu_threads = config.cpu_threads or budget.cpus
+        self.cpu_threads = config.cpu_threads or model_cpus(budget.cpus, front_end_cpus)
         self._tuner = ThreadTuner(self.cpu_threads) if config.cpu_threads is None else None
         counts = self._tuner.candidates if self._tuner else [self.cpu_threads]
         self._sessions = {n: self._session(n) for n in counts}
@@ -87,7 +88,7 @@ class OnnxEncoder(TunedEncoder):
             extra={"model": config.model, "backend": "onnx", "precision": self.precision, "device": "cpu",
                    "max_seq_length": self.max_seq_length,
                    "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
-                   "cpu_budget_from": budget.source, "model_threads": self.cpu_threads,
+                   "cpu_budget_from": budget.source, "front_end_cpus": front_end_cpus, "model_threads": self.cpu_threads,
                    "model_threads_adaptive": self._tuner is not None},
         )
 

@@ -140,3 +140,17 @@ def test_backend_is_validated():
     bundled = resolve_model("bundled:all-MiniLM-L6-v2")
     assert (export_path(bundled).name, export_path(bundled, "int8").name) == ("model.onnx", "model_int8.onnx")
     assert OnnxEncoder(EncoderConfig(backend="onnx", cpu_threads=1)).precision == "fp32"  # the default
+
+
+def test_with_the_static_tier_on_the_model_threads_leave_a_cpu_to_the_event_loop():
+    import dataclasses
+
+    from esr_app.embedding import make_backend
+    from esr_config import load_config
+    from esr_model.cpu_quota import detect
+
+    config = load_config(ROOT / "router.yaml")  # the static tier on (fitted margins)
+    cpus = detect().cpus
+    assert make_backend(config).cpu_threads == max(1, cpus - 1)
+    off = dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, enabled=False))
+    assert make_backend(off).cpu_threads == cpus

@@ -153,3 +153,11 @@ def test_calibrating_after_traffic_takes_effect_at_once():
     before = m.predict(256)
     m.calibrate([(16, 0.0096), (256, 0.0528)])
     assert m.predict(256) < before / 2 and abs(m.predict(12) - 0.008) < 1e-9
+
+
+def test_a_front_end_that_works_beside_the_model_keeps_a_cpu_from_its_threads():
+    from esr_model.thread_policy import model_cpus
+
+    assert model_cpus(2, 1) == 1 and model_cpus(8, 1) == 7
+    assert model_cpus(1, 1) == 1  # never none
+    assert model_cpus(4) == 4
