@@ -32,6 +32,9 @@ def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
     return out
 
 
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
 def _mutation(mutation: pb.HeaderMutation, set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> None:
     """Fills `mutation` in place: upb builds a header there ~3x faster than from nested constructors
     (~1 us a header), and an answer sets five or more on every routed request."""
@@ -41,9 +44,6 @@ def _mutation(mutation: pb.HeaderMutation, set_headers: Mapping[str, str], remov
         option.header.raw_value = v.encode()
         option.append_action = _OVERWRITE
     mutation.remove_headers.extend(remove)
-
-
-_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
 # A client's copies of the router's headers, the keeper's header (for the router only) and the
