@@ -85,15 +85,19 @@ MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.
 	tests/integration/test_bad_input.py tests/integration/test_edge_adversarial.py \
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
 	tests/integration/test_decisions.py tests/integration/test_conversation.py tests/integration/test_failover.py
+# Tests marked `exclusive` assert timing under a load they make themselves: each runs alone, after the rest.
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m exclusive $(PYTEST_ARGS)
 	$(MAKE) test-duplex test-streamed
 
 test-duplex: $(STAMP) $(MODELS)
-	ESR_STACK_BODY_MODE=full_duplex_streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(MODE_TESTS)
+	ESR_STACK_BODY_MODE=full_duplex_streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS) $(MODE_TESTS)
+	ESR_STACK_BODY_MODE=full_duplex_streamed $(PY) -m pytest -m exclusive $(PYTEST_ARGS) $(MODE_TESTS)
 
 test-streamed: $(STAMP) $(MODELS)
-	ESR_STACK_BODY_MODE=streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(MODE_TESTS)
+	ESR_STACK_BODY_MODE=streamed $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS) $(MODE_TESTS)
+	ESR_STACK_BODY_MODE=streamed $(PY) -m pytest -m exclusive $(PYTEST_ARGS) $(MODE_TESTS)
 
 # The inner loop: every test that starts no process or real tool (the `processes` marker;
 # tests/conftest.py fails a test that starts one unmarked) and takes no seconds alone (`slow`),
