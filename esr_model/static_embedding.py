@@ -23,6 +23,7 @@ import numpy as np
 
 from esr_model.location import EXPORT_DIR, export_path, weights_digest
 from esr_model.truncation import Keep, cut_ids
+from esr_model.wordpiece_cache import WordPieceCache
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class StaticEncoder:
         self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        self.words = WordPieceCache(self.tokenizer)
         self.max_tokens = max_tokens  # the encoder's window, [CLS] and [SEP] included
         self.keep = keep
         self.dimension = self.table.shape[1]
@@ -127,7 +129,7 @@ class StaticEncoder:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for i, text in enumerate(texts):  # one at a time: encode_batch's thread pool costs more than it saves here
             # The tokens the encoder reads of it (its own cut), less [CLS] and [SEP], which say nothing.
-            ids = cut_ids(self.tokenizer.encode(text).ids, self.max_tokens, self.keep)[1:-1]
+            ids = cut_ids(self.words.ids(text), self.max_tokens, self.keep)[1:-1]
             if ids:
                 out[i] = self.table[ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
