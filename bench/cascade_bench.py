@@ -21,13 +21,13 @@ import json
 import os
 from pathlib import Path
 
-import yaml
-
 from bench.ext_proc_bench import launch_router
 from bench.frontend_bench import tree_cpu
 from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import free_port
+from esr_config import load_config
+from esr_settings import dump, replace_at
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"cascade": True, "encoder_only": False}  # static_tier.enabled
@@ -71,16 +71,15 @@ def main() -> None:
     texts = [json.loads(line)["text"] for line in args.data.read_text().splitlines() if line.strip()]
     script = workdir / "prompts.lua"
     script.write_text(wrk_script(texts))
-    base = yaml.safe_load(args.config.read_text())
-    base["cache_size"] = 0  # every request reaches a tier: the cost measured is routing's
-    base.setdefault("server", {})["deadline_ms"] = 500
+    # Loaded, its relative head and model paths resolve against its folder: the variants are written
+    # to the bench's own folder, not beside it (beside router.yaml is the source tree).
+    base = replace_at(replace_at(load_config(args.config), "cache_size", 0),  # every request reaches a tier
+                      "server.deadline_ms", 500.0)
     stacks = {}
     try:
         for name, enabled in VARIANTS.items():
-            config = {**base, "static_tier": {**base.get("static_tier", {}), "enabled": enabled}}
-            # Beside the fitted config: its head and model paths are relative to its directory.
-            path = args.config.parent / f"bench-cascade-{name}.yaml"
-            proc, port = launch_router(path, config)
+            path = workdir / f"router-{name}.yaml"
+            proc, port = launch_router(path, dump(replace_at(base, "static_tier.enabled", enabled)))
             stacks[name] = (proc, None, None)
             listener = free_port()
             envoy = start_direct_envoy(workdir / f"envoy-{name}.yaml", port, listener, free_port(),
