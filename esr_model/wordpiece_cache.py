@@ -24,7 +24,7 @@ MAX_WORDS = 1 << 16  # words cached; the cache starts over past it
 
 class WordPieceCache:
     def __init__(self, tokenizer):
-        """`tokenizer`: a `tokenizers.Tokenizer`; `ids(text)` is None for text it leaves to it."""
+        """`tokenizer`: a `tokenizers.Tokenizer`, which `ids` calls itself for text it leaves to it."""
         from tokenizers import models, normalizers, pre_tokenizers
 
         self.tokenizer = tokenizer

@@ -23,7 +23,7 @@ def pool(tmp_path_factory, envoy_binary):
     workdir = tmp_path_factory.mktemp("pool")
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     config["server"]["workers"] = 2
-    config["cache_size"] = 0  # every request reaches the model process
+    config["cache_size"] = 0  # every request a worker's static tier leaves reaches the model process
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
     stack = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
     stack.start(timeout=300)
