@@ -238,9 +238,17 @@ class StaticTierConfig:
     # agree with the encoder's. A route not named: the encoder decides its prompts (a margin that
     # was never measured against the encoder is no margin to trust).
     accept: dict = field(default_factory=dict)
+    # A static decision also needs the prompt's static vector to lie at least this near (cosine) one
+    # of the static head's class prototypes (fit sets it, and saves them with the head): a prompt
+    # unlike anything the head was taught is likelier out of scope than its lead says, and the
+    # encoder decides it. None: no such check.
+    min_similarity: float | None = None
 
     def __post_init__(self):
         require(self.enabled in (True, False, "auto"), "enabled", "must be true, false or auto")
+        require(self.min_similarity is None or (isinstance(self.min_similarity, (int, float))
+                                                and -1 <= self.min_similarity <= 1),
+                "min_similarity", "must be a number between -1 and 1, or null")
         for route, value in self.thresholds.items():
             require(isinstance(value, (int, float)) and math.isfinite(value), f"thresholds.{route}", "must be a number")
         for route, value in self.accept.items():  # .inf: the static tier never decides for the route

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
@@ -18,6 +19,9 @@ class LinearHead:
     routes: tuple[str, ...]
     weight: np.ndarray  # (classes, dim)
     bias: np.ndarray  # (classes,)
+    # (classes, dim): the unit mean of each class's training embeddings, where fit kept them: how
+    # near a new embedding lies to anything the head was taught (the static tier's in-scope check).
+    prototypes: np.ndarray | None = None
 
     def route_scores(self, embeddings: np.ndarray, route_names: list[str],
                      score: Literal["probability", "energy"] = "probability") -> np.ndarray:
@@ -32,13 +36,28 @@ class LinearHead:
         return embeddings @ self.weight.T + self.bias
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, classes=np.asarray(self.classes), routes=np.asarray(self.routes), weight=self.weight, bias=self.bias)
+        extra = {} if self.prototypes is None else {"prototypes": self.prototypes}
+        np.savez(path, classes=np.asarray(self.classes), routes=np.asarray(self.routes), weight=self.weight,
+                 bias=self.bias, **extra)
 
     @classmethod
     def load(cls, path: str | Path) -> "LinearHead":
         with np.load(path, allow_pickle=False) as data:
+            prototypes = data["prototypes"].astype(np.float32) if "prototypes" in data.files else None
             return cls(tuple(str(c) for c in data["classes"]), tuple(str(r) for r in data["routes"]),
-                       data["weight"].astype(np.float32), data["bias"].astype(np.float32))
+                       data["weight"].astype(np.float32), data["bias"].astype(np.float32), prototypes)
+
+    def with_prototypes(self, embeddings: np.ndarray, labels: Sequence[str]) -> "LinearHead":
+        """This head with its classes' prototypes taken from `embeddings` (unit rows, one class
+        label each, every class present)."""
+        labels = np.asarray(labels)
+        means = np.stack([embeddings[labels == c].mean(axis=0) for c in self.classes])
+        return dataclasses.replace(self, prototypes=(means / np.linalg.norm(means, axis=1, keepdims=True))
+                                   .astype(np.float32))
+
+    def nearest_prototype(self, embedding: np.ndarray) -> float:
+        """The cosine similarity of a unit `embedding` to the nearest class prototype."""
+        return float((self.prototypes @ embedding).max())
 
 
 class RouteGroups:

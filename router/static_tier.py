@@ -1,6 +1,7 @@
 """The cascade's first tier: routes a request on a static embedding (esr_model/static_embedding.py)
-when it chooses a route and leads the runner-up by that route's `accept` margin; else (the default
-route included) it leaves the request to the encoder.
+when it chooses a route and leads the runner-up by that route's `accept` margin (and, where fit set
+`min_similarity`, the prompt lies near something its head was taught); else (the default route
+included) it leaves the request to the encoder.
 
 It scores exactly as the encoder's classifier does (the same method, conversation policy and
 decision), on static vectors: a head of its own, or the utterances embedded statically. Its work is
@@ -89,11 +90,19 @@ class StaticTier:
         self.accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes],
                                  dtype=np.float32)
         self.gate = config.conversation.gate
+        self.min_similarity = config.static_tier.min_similarity
+        self.head = getattr(self.classifier.scorer, "head", None)
+        if self.min_similarity is not None and (self.head is None or self.head.prototypes is None):
+            raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare with "
+                             "(semantic-router fit saves them with the head it trains)")
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
-        scores = self.classifier.scores(self.encode(turns))
+        vectors = self.encode(turns)
+        scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
         if choice < 0 or lead < self.accept[choice]:
+            return None
+        if self.min_similarity is not None and self.head.nearest_prototype(vectors[-1]) < self.min_similarity:
             return None
         return self.classifier.decision(scores[-1], choice, "matched")

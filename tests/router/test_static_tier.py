@@ -14,11 +14,12 @@ from esr_config import ConfigError
 from esr_app.routing_build import static_encoder, static_tier
 from esr_model.location import resolve_model
 from esr_model.static_embedding import DIMENSIONS, is_current, static_path
-from esr_tuning.static_fit import _accept_level
+from esr_tuning.static_fit import MIN_SUPPORT, _accept_level, with_in_scope_check
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
+from router.head import LinearHead
 from router.static_tier import StaticTier, margins
-from tests.support.fakes import config, encode
+from tests.support.fakes import VECTORS, config, encode, unit
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,60 @@ def test_the_tier_decides_a_route_it_leads_by_its_margin_and_nothing_else():
     assert tier.decide(["m3"]) is None  # m3 is math's, though hardly further from code's c1: the encoder decides
     assert tier.decide(["g1"]) is None  # the default route: always the encoder's
     assert tier_of(accept={"code": 0.5}).decide(["m1"]) is None  # a route with no fitted margin: never
+
+
+def head_config(tmp_path, **static):
+    """A static head that tells math (x) from code (y) by the axis that leads, its prototypes the
+    two axes: g1 (z) lies near neither."""
+    weight = np.asarray([[10, 0, 0], [0, 10, 0]], dtype=np.float32)
+    head = LinearHead(("math", "code"), ("math", "code"), weight, np.zeros(2, dtype=np.float32)
+                      ).with_prototypes(np.stack([unit(1, 0, 0), unit(1, 0.1, 0), unit(0, 1, 0)]), ["math", "math", "code"])
+    head.save(tmp_path / "static.npz")
+    return config(classifier={"method": "head", "head_score": "energy"}, default_threshold=1.0,
+                  static_tier={"enabled": True, "head_path": str(tmp_path / "static.npz"),
+                               "accept": {"math": 2.0, "code": 2.0}, **static})
+
+
+def head_tier(tmp_path, **static) -> StaticTier:
+    """head_config's tier; a text is a fixture name or its vector's coordinates ("0.4 0 0.9")."""
+    return StaticTier(head_config(tmp_path, **static), lambda texts: np.stack(
+        [VECTORS[t] if t in VECTORS else unit(*map(float, t.split())) for t in texts]))
+
+
+def test_the_in_scope_check_leaves_to_the_encoder_a_prompt_far_from_all_the_head_was_taught(tmp_path):
+    # "0.4 0 0.9" leads code by 4 logits, far past math's margin, yet lies nearer g1 than any prototype.
+    assert head_tier(tmp_path).decide(["0.4 0 0.9"]).route == "math"
+    tier = head_tier(tmp_path, min_similarity=0.6)
+    assert tier.decide(["0.4 0 0.9"]) is None
+    assert tier.decide(["m2"]).route == "math"  # near math's prototype: decided as before
+    assert LinearHead.load(tmp_path / "static.npz").prototypes.shape == (2, 3)
+
+
+def test_fit_sets_the_in_scope_check_where_most_held_out_in_scope_decisions_stand(tmp_path):
+    tier = head_tier(tmp_path)
+    rng = np.random.default_rng(0)
+    # In scope: near the math and code axes, a few further out; out of scope: leaning math from z.
+    inside = np.stack([unit(1, 0, s) for s in rng.uniform(0, 0.8, 100)] + [unit(0, 1, s) for s in rng.uniform(0, 0.8, 100)])
+    outside = np.stack([unit(0.5, 0, 1) for _ in range(10)])
+    vectors, truth = np.concatenate([inside, outside]), np.asarray([0] * 100 + [1] * 100 + [-1] * 10)
+    fitted, notes = with_in_scope_check(head_config(tmp_path), tier.classifier, vectors, truth)
+    cut = fitted.static_tier.min_similarity
+    near = (inside @ tier.head.prototypes.T).max(axis=1)
+    assert 0.96 <= (near >= cut).mean() <= 0.99  # IN_SCOPE_KEEP of the in-scope decisions stand
+    assert float(unit(0.5, 0, 1) @ tier.head.prototypes[0]) < cut
+    assert "keeps 98.0%" in notes[0] and "0 of 10 out-of-scope (were 10)" in notes[0]
+    few = with_in_scope_check(head_config(tmp_path), tier.classifier, vectors[:MIN_SUPPORT - 1], truth[:MIN_SUPPORT - 1])
+    assert few[0].static_tier.min_similarity is None and few[1] == []  # too few decisions to say anything
+
+
+def test_an_in_scope_check_needs_prototypes_saved_with_the_head(tmp_path):
+    head = LinearHead(("math", "code"), ("math", "code"), np.eye(2, 3, dtype=np.float32), np.zeros(2, dtype=np.float32))
+    head.save(tmp_path / "bare.npz")
+    assert LinearHead.load(tmp_path / "bare.npz").prototypes is None
+    cfg = config(classifier={"method": "head"}, static_tier={
+        "enabled": True, "head_path": str(tmp_path / "bare.npz"), "accept": {"math": 1.0}, "min_similarity": 0.5})
+    with pytest.raises(ValueError, match="static_tier.min_similarity: the static head has no class prototypes"):
+        StaticTier(cfg, encode)
 
 
 def test_in_a_conversation_the_tier_decides_only_on_the_requests_own_turn():
@@ -115,6 +170,7 @@ def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
     ({"accept": {"math": -0.1}}, "static_tier.accept.math"),
     ({"thresholds": {"math": float("inf")}}, "static_tier.thresholds.math"),
     ({"enabled": "sometimes"}, "static_tier.enabled"),
+    ({"min_similarity": 1.5}, "static_tier.min_similarity"),
 ])
 def test_a_bad_static_tier_section_names_its_key(section, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
