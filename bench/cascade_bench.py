@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"cascade": True, "encoder_only": False}  # static_tier.enabled
 ROUTED = ("matched", "default", "low_confidence")
 COLUMNS = ("variant", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request",
-           "static_share", "fallback_timeout_share", "unrouted_passes")
+           "static_share", "guessed_share", "fallback_timeout_share", "unrouted_passes")
 _PROMPT_LINE = "  local p = string.format(prompts[(counter % #prompts) + 1], counter)"
 
 
@@ -49,11 +49,14 @@ def wrk_script(texts: list[str]) -> str:
         _PROMPT_LINE, "  local p = prompts[(counter % #prompts) + 1]").replace(
         ' .. " #" .. tid .. "-" .. counter', "").replace(
         """'{"model":"auto","messages":""", """'{"model":"auto","user":"' .. tid .. '-' .. counter .. '","messages":""")
-    # Tiers tallied as reasons of their own: "tier_static", "tier_encoder".
+    # Tiers tallied as reasons of their own: "tier_static", "tier_encoder"; "guessed": a fallback the
+    # static tier's guess routed (also counted under tier_static).
     return script.replace('  reasons[r] = (reasons[r] or 0) + 1',
                           '  reasons[r] = (reasons[r] or 0) + 1\n'
                           '  local t = headers["x-semantic-route-tier"]\n'
-                          '  if t then reasons["tier_" .. t] = (reasons["tier_" .. t] or 0) + 1 end')
+                          '  if t then reasons["tier_" .. t] = (reasons["tier_" .. t] or 0) + 1 end\n'
+                          '  if t == "static" and r:sub(1, 9) == "fallback_" then '
+                          'reasons["guessed"] = (reasons["guessed"] or 0) + 1 end')
 
 
 def main() -> None:
@@ -96,6 +99,7 @@ def main() -> None:
                     spent = tree_cpu(proc.pid) - before
                     routed = row["goodput_rps"] * args.seconds
                     tiers = {k: row["reasons"].pop(k) for k in list(row["reasons"]) if k.startswith("tier_")}
+                    guessed = row["reasons"].pop("guessed", 0)
                     answers = sum(row["reasons"].values())  # run_wrk counted the tier tallies as answers too
                     row["throughput_rps"] = round(answers / args.seconds, 1)
                     row["fallback_timeout_share"] = round(row["reasons"].get("fallback_timeout", 0) / answers, 4) \
@@ -104,8 +108,10 @@ def main() -> None:
                     row["unrouted_passes"] = sum(v for k, v in row["reasons"].items() if k.startswith("none_"))
                     rows.append({"variant": name, "trial": trial, **row,
                                  "cpu_ms_per_request": round(1000 * spent / routed, 3) if routed else None,
-                                 "static_share": round(tiers.get("tier_static", 0) / sum(tiers.values()), 4)
-                                 if tiers else None})
+                                 "static_share": round((tiers.get("tier_static", 0) - guessed) / sum(tiers.values()), 4)
+                                 if tiers else None,
+                                 # Fallbacks routed by the static tier's guess (static_tier.fallback), of all answers.
+                                 "guessed_share": round(guessed / answers, 4) if answers else None})
     finally:
         for proc, envoy, _ in stacks.values():
             for q in (envoy, proc):

@@ -243,12 +243,18 @@ class StaticTierConfig:
     # unlike anything the head was taught is likelier out of scope than its lead says, and the
     # encoder decides it. None: no such check.
     min_similarity: float | None = None
+    # Where the encoder cannot answer (the batcher overloaded or late, the model process away, the
+    # model failed): guess, the route the static tier chooses for the request even below its margin,
+    # under the fallback's reason (CLINC150 val, the prompts the cascade leaves to the encoder:
+    # right 79% of the time, where the default route is right 8%); default: the default route.
+    fallback: Literal["guess", "default"] = "guess"
 
     def __post_init__(self):
         require(self.enabled in (True, False, "auto"), "enabled", "must be true, false or auto")
         require(self.min_similarity is None or (isinstance(self.min_similarity, (int, float))
                                                 and -1 <= self.min_similarity <= 1),
                 "min_similarity", "must be a number between -1 and 1, or null")
+        require(self.fallback in ("guess", "default"), "fallback", "must be guess or default")
         for route, value in self.thresholds.items():
             require(isinstance(value, (int, float)) and math.isfinite(value), f"thresholds.{route}", "must be a number")
         for route, value in self.accept.items():  # .inf: the static tier never decides for the route

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Awaitable, Callable, Sequence
 
@@ -77,6 +78,14 @@ class RoutingEngine:
     def default(self, reason: str, facts: RequestFacts = NO_FACTS) -> Decision:
         return self.models.choose(self.classifier.default(reason), facts)
 
+    def fallback(self, reason: str, guess: Decision | None, facts: RequestFacts = NO_FACTS) -> Decision:
+        """Where the encoder could not answer: the static tier's guess (StaticTier.weigh) under the
+        fallback's reason, so a busy router still routes; without one, the default route."""
+        if guess is None:
+            return self.default(reason, facts)
+        metrics.DECISIONS_BY_TIER.labels(guess.tier).inc()
+        return self.models.choose(dataclasses.replace(guess, reason=reason), facts)
+
     def pinned(self, model: str, facts: RequestFacts = NO_FACTS) -> Decision:
         """The decision for a request that names a backend model itself (route REFUSED where the
         model cannot serve what the request asks)."""
@@ -105,8 +114,9 @@ class RoutingEngine:
         (it raises RoutingUnavailable as `embed` does). Earlier turns that cannot be embedded now
         are left out; without the last one, the request falls back."""
         metrics.CONVERSATION_TURNS.observe(len(turns))
+        guess = None
         if self.static is not None:
-            decided = self.static.decide(turns)
+            decided, guess = self.static.weigh(turns)
             if decided is not None:
                 metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
                 return self.models.choose(decided, facts)
@@ -114,7 +124,7 @@ class RoutingEngine:
         found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
         if isinstance(found[-1], BaseException):
             if isinstance(found[-1], RoutingUnavailable):
-                return self.default(found[-1].reason, facts)
+                return self.fallback(found[-1].reason, guess, facts)
             raise found[-1]
         scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)

@@ -91,6 +91,8 @@ class StaticTier:
                                  dtype=np.float32)
         self.gate = config.conversation.gate
         self.min_similarity = config.static_tier.min_similarity
+        self.fallback_guess = config.static_tier.fallback == "guess"
+        self.default_route = config.default_route.name
         self.head = getattr(self.classifier.scorer, "head", None)
         if self.min_similarity is not None and (self.head is None or self.head.prototypes is None):
             raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare with "
@@ -98,11 +100,19 @@ class StaticTier:
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
+        return self.weigh(turns)[0]
+
+    def weigh(self, turns: Sequence[str]) -> tuple[Decision | None, Decision | None]:
+        """decide's answer, and the route the tier would choose all the same, were the encoder to
+        fail it (None where that is the default route, or the config routes no fallback by it)."""
         vectors = self.encode(turns)
         scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
-        if choice < 0 or lead < self.accept[choice]:
-            return None
-        if self.min_similarity is not None and self.head.nearest_prototype(vectors[-1]) < self.min_similarity:
-            return None
-        return self.classifier.decision(scores[-1], choice, "matched")
+        if choice >= 0 and lead >= self.accept[choice] and (
+                self.min_similarity is None or self.head.nearest_prototype(vectors[-1]) >= self.min_similarity):
+            decided = self.classifier.decision(scores[-1], choice, "matched")
+            return decided, decided
+        if not self.fallback_guess:
+            return None, None
+        guess = self.classifier.conversation_decision(scores, self.gate)
+        return None, (None if guess.route == self.default_route else guess)

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from batching import Overloaded
 from esr_config import ConfigError
 from esr_app.routing_build import static_encoder, static_tier
 from esr_model.location import resolve_model
@@ -157,6 +158,27 @@ def test_the_engine_asks_the_batcher_only_for_what_the_tier_leaves():
     assert batcher.asked == ["m3"]
 
 
+class Refusing:
+    """The batcher's part, overloaded: it refuses every text, as the queue does when it would be late."""
+
+    async def embed(self, text, deadline):
+        raise Overloaded("predicted to answer after the deadline")
+
+
+@pytest.mark.parametrize("fallback, routes", [("guess", ["math", "general"]), ("default", ["general", "general"])])
+def test_where_the_encoder_cannot_answer_the_tier_s_guess_routes_under_the_fallback_s_reason(fallback, routes):
+    cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}, "fallback": fallback})
+    engine = RoutingEngine(cfg, Refusing(), RouteClassifier(cfg, encode), static=StaticTier(cfg, encode))
+
+    async def run():  # m3: math's, below its margin; g1: the default route's, never guessed
+        return [await engine.decide([t], deadline=float("inf")) for t in ("m3", "g1")]
+
+    decisions = asyncio.run(run())
+    assert [d.route for d in decisions] == routes
+    assert [d.reason for d in decisions] == ["fallback_overload", "fallback_overload"]
+    assert decisions[0].tier == ("static" if fallback == "guess" else "")
+
+
 def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
     assert static_tier(config(static_tier={"enabled": False, "accept": {"math": 0.1}})) is None
     assert static_tier(config(static_tier={"enabled": True})) is None
@@ -171,6 +193,7 @@ def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
     ({"thresholds": {"math": float("inf")}}, "static_tier.thresholds.math"),
     ({"enabled": "sometimes"}, "static_tier.enabled"),
     ({"min_similarity": 1.5}, "static_tier.min_similarity"),
+    ({"fallback": "encoder"}, "static_tier.fallback"),
 ])
 def test_a_bad_static_tier_section_names_its_key(section, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
