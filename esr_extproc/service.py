@@ -26,7 +26,7 @@ from esr_extproc.tracing import Tracing, decision_attributes
 from esr_extproc.request_reader import read_request, unread
 from esr_extproc.routed_answer import refusal
 from esr_extproc.serving import Serving
-from esr_extproc.shedding import overloaded
+from esr_extproc.shedding import overloaded, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 from router import capabilities
 from router.engine import RoutingEngine
@@ -144,6 +144,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         here still reaches a model it pins; behind a gateway that does not, nothing is shed here."""
         h = replies.header_map(headers)
         stream.headers = h
+        # The budget runs from when Envoy sent the request on (the rendered config's stamp), where it
+        # says: the wait in gRPC's buffers before this loop read it is the client's wait too.
+        stream.started -= waited_s(h)
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
         current = self.serving

@@ -30,8 +30,9 @@ class RequestStream:
                  "held_headers", "unbuffered", "cache", "trace_metadata", "outcome")
 
     def __init__(self) -> None:
-        # The request's budget runs from the first message the router sees, not from the body:
-        # time spent waiting for Envoy to buffer the body or for this loop to get to it counts.
+        # The request's budget runs from the first message the router sees (earlier where Envoy's
+        # stamp says when it sent it on: the service's _on_headers), not from the body: time spent
+        # waiting for Envoy to buffer the body or for this loop to get to it counts.
         self.started = time.monotonic()
         self.path = ""
         self.method = ""

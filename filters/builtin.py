@@ -61,8 +61,17 @@ class SemanticRoute:
         if ctx.decision is None:
             if not ctx.turns:
                 ctx.decision = ctx.engine.default(ctx.unread or "no_prompt", ctx.facts)
-            else:
-                ctx.decision = await ctx.engine.decide(ctx.turns, ctx.deadline, ctx.embedding, ctx.facts)
+                return
+            # As engine.decide, with the static tier's guess kept where `undecided` finds it.
+            ctx.decision, ctx.guess = ctx.engine.first_tier(ctx.turns, ctx.facts)
+            if ctx.decision is None:
+                ctx.decision = await ctx.engine.by_encoder(ctx.turns, ctx.deadline, ctx.guess, ctx.embedding, ctx.facts)
+
+    def undecided(self, ctx: RequestContext, why: str) -> None:
+        """The chain ran out of time (or a filter raised) while the encoder had the request: the
+        static tier's guess routes it, where it made one (engine.fallback)."""
+        if ctx.decision is None and ctx.guess is not None:
+            ctx.decision = ctx.engine.fallback(why, ctx.guess, ctx.facts)
 
 
 @dataclass(frozen=True)

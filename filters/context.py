@@ -44,6 +44,9 @@ class RequestContext:
     # `requested_model` what could be peeked at.
     unread: str | None = None
     decision: Decision | None = None
+    # The static tier's guess (RoutingEngine.first_tier), once it has weighed the request: what a
+    # fallback routes by where the encoder does not answer in time (filters/builtin.py, SemanticRoute).
+    guess: Decision | None = None
     rewrite_model: bool = False  # set by the model policy: write the chosen model into the body
     body_changed: bool = False
     extra_headers: dict[str, str] = field(default_factory=dict)

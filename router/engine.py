@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Awaitable, Callable, Sequence
 
 import numpy as np
@@ -112,14 +113,50 @@ class RoutingEngine:
         """Routes a request on its user turns, oldest first (router/conversation.py): the last is
         the request's own prompt, which `embed_last` embeds when a caller shares its embedding
         (it raises RoutingUnavailable as `embed` does). Earlier turns that cannot be embedded now
-        are left out; without the last one, the request falls back."""
+        are left out; without the last one, the request falls back. The static tier first
+        (first_tier), then the encoder (by_encoder)."""
+        decided, guess = self.first_tier(turns, facts)
+        if decided is not None:
+            return decided
+        return await self.by_encoder(turns, deadline, guess, embed_last, facts)
+
+    def first_tier(self, turns: Sequence[str], facts: RequestFacts = NO_FACTS) -> tuple[Decision | None, Decision | None]:
+        """The static tier's decision where it stands, and its guess for a fallback (StaticTier.weigh);
+        (None, None) without a tier."""
         metrics.CONVERSATION_TURNS.observe(len(turns))
-        guess = None
-        if self.static is not None:
-            decided, guess = self.static.weigh(turns)
-            if decided is not None:
-                metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
-                return self.models.choose(decided, facts)
+        if self.static is None:
+            return None, None
+        decided, guess = self.static.weigh(turns)
+        if decided is None:
+            return None, guess
+        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+        return self.models.choose(decided, facts), guess
+
+    async def by_encoder(self, turns: Sequence[str], deadline: float, guess: Decision | None = None,
+                         embed_last: Callable[[], Awaitable[np.ndarray]] | None = None,
+                         facts: RequestFacts = NO_FACTS) -> Decision:
+        """The encoder's decision, or a fallback routed by `guess` (fallback)."""
+        if time.monotonic() >= deadline:
+            # Late before the encoder is asked (it waited in front of the router): refused at once,
+            # as the batcher refuses a request it predicts late, before the wait for a task would
+            # let the request's own timeout end it unrouted.
+            return self.fallback("fallback_overload", guess, facts)
+        last = embed_last() if embed_last else self.embed(turns[-1], deadline)
+        if len(turns) == 1:  # no task to start: a refusal comes back before the request's timeout can fire
+            try:
+                found: list = [await last]
+            except RoutingUnavailable as exc:
+                found = [exc]
+        else:
+            found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
+        if isinstance(found[-1], BaseException):
+            if isinstance(found[-1], RoutingUnavailable):
+                return self.fallback(found[-1].reason, guess, facts)
+            raise found[-1]
+        scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
+        decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
+        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+        return self.models.choose(decided, facts)
         last = embed_last() if embed_last else self.embed(turns[-1], deadline)
         found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
         if isinstance(found[-1], BaseException):

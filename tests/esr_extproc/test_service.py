@@ -556,3 +556,23 @@ def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_h
                 assert not kept.HasField("mode_override")
 
     run(main())
+
+
+def test_a_request_s_budget_runs_from_when_envoy_sent_it_on_where_the_stamp_says():
+    # The wait in gRPC's buffers before the router read it is the client's wait too: a request sent on
+    # 450 ms ago has 50 ms of its 500 left, not 500 again (c512 p99: 0.95-1.04 s before, 0.56-0.62 s after).
+    def sent(ago_s: float) -> list[tuple[str, str]]:
+        return [("x-semantic-router-sent-at", str(int((time.time() - ago_s) * 1e6)))]
+
+    async def main():
+        backend = FakeBackend(hold=True)  # the model never answers while the test holds it
+        async with Harness({**CONFIG, "server": {"deadline_ms": 500, "shed_wait_ms": 0}}, backend=backend) as h:
+            for stamp, least, most in ((sent(0.45), 0.0, 0.3), ((), 0.4, 2.0)):
+                began = time.monotonic()
+                _, answer = await h.exchange(read_by_envoy(headers_msg(extra=stamp)), body_msg(chat("tell me a joke")))
+                took = time.monotonic() - began
+                assert set_headers(answer)["x-semantic-route-reason"].startswith("fallback_")
+                assert least <= took <= most, (stamp, took)
+            backend.gate.set()
+
+    run(main())

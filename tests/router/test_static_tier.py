@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import numpy as np
 import pytest
 
 from batching import Overloaded
 from esr_config import ConfigError
+from filters.builtin import SemanticRoute
+from filters.chain import FilterChain
+from filters.context import RequestContext
 from esr_app.routing_build import static_encoder, static_tier
 from esr_model.location import resolve_model
 from esr_model.static_embedding import DIMENSIONS, is_current, static_path
@@ -177,6 +181,43 @@ def test_where_the_encoder_cannot_answer_the_tier_s_guess_routes_under_the_fallb
     assert [d.route for d in decisions] == routes
     assert [d.reason for d in decisions] == ["fallback_overload", "fallback_overload"]
     assert decisions[0].tier == ("static" if fallback == "guess" else "")
+
+
+def test_a_request_late_before_the_encoder_is_asked_is_refused_at_once_and_routed_by_the_guess():
+    cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}})
+    batcher = Recording()
+    engine = RoutingEngine(cfg, batcher, RouteClassifier(cfg, encode), static=StaticTier(cfg, encode))
+
+    async def run():  # it waited in front of the router past its deadline
+        return [await engine.decide([t], deadline=time.monotonic() - 0.01) for t in ("m1", "m3")]
+
+    sure, leaning = asyncio.run(run())
+    assert (sure.route, sure.reason, sure.tier) == ("math", "matched", "static")  # the tier needs no time
+    assert (leaning.route, leaning.reason, leaning.tier) == ("math", "fallback_overload", "static")
+    assert batcher.asked == []  # the model never saw it
+
+
+class Stalled:
+    """The batcher's part, stalled: nothing it is given comes back."""
+
+    async def embed(self, text, deadline):
+        await asyncio.sleep(3600)
+
+
+def test_when_the_chain_runs_out_of_time_on_the_encoder_the_guess_routes_the_request():
+    cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}})
+    engine = RoutingEngine(cfg, Stalled(), RouteClassifier(cfg, encode), static=StaticTier(cfg, encode))
+
+    async def run(text):
+        ctx = RequestContext(path="/v1/chat/completions", headers={}, body={}, requested_model=None,
+                             deadline=time.monotonic() + 0.05, engine=engine, turns=(text,))
+        why = await FilterChain([SemanticRoute()]).run(ctx)
+        return why, ctx.decision
+
+    why, decision = asyncio.run(run("m3"))
+    assert why == "fallback_timeout"
+    assert (decision.route, decision.reason, decision.tier) == ("math", "fallback_timeout", "static")
+    assert asyncio.run(run("g1"))[1] is None  # no guess for the default route's: the service's default takes it
 
 
 def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
