@@ -17,7 +17,8 @@ CONVERSATION_TURNS = Histogram(
 )
 DECISIONS_BY_TIER = Counter(
     "semantic_router_decisions_by_tier_total",
-    "Requests a model routed, by the cascade tier that decided (static: the static embedding; encoder: the transformer).",
+    "Requests a model routed, by the cascade tier that decided (static: the static embedding, also its guess "
+    "on a fallback; encoder: the transformer).",
     ["tier"],
 )
 MODELS_SKIPPED = Counter(
