@@ -144,9 +144,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         here still reaches a model it pins; behind a gateway that does not, nothing is shed here."""
         h = replies.header_map(headers)
         stream.headers = h
-        # The budget runs from when Envoy sent the request on (the rendered config's stamp), where it
-        # says: the wait in gRPC's buffers before this loop read it is the client's wait too.
-        stream.started -= waited_s(h)
+        # The budget runs from when Envoy sent the request on (the rendered config's stamp): the wait
+        # in gRPC's buffers before this loop read it is the client's wait too. Only behind the
+        # rendered config (the pinned-model metadata says so): elsewhere a client could send an old
+        # stamp, and a request out of time is one the guard decides by its on_error.
+        if sheddable:
+            stream.started -= waited_s(h)
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
         current = self.serving

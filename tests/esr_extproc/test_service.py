@@ -567,9 +567,11 @@ def test_a_request_s_budget_runs_from_when_envoy_sent_it_on_where_the_stamp_says
     async def main():
         backend = FakeBackend(hold=True)  # the model never answers while the test holds it
         async with Harness({**CONFIG, "server": {"deadline_ms": 500, "shed_wait_ms": 0}}, backend=backend) as h:
-            for stamp, least, most in ((sent(0.45), 0.0, 0.3), ((), 0.4, 2.0)):
+            # A stamp Envoy did not write (no pinned-model metadata: not the rendered config) is a client's.
+            for stamp, envoy, least, most in ((sent(0.45), read_by_envoy, 0.0, 0.3), ((), read_by_envoy, 0.4, 2.0),
+                                              (sent(10.0), lambda m: m, 0.4, 2.0)):
                 began = time.monotonic()
-                _, answer = await h.exchange(read_by_envoy(headers_msg(extra=stamp)), body_msg(chat("tell me a joke")))
+                _, answer = await h.exchange(envoy(headers_msg(extra=stamp)), body_msg(chat("tell me a joke")))
                 took = time.monotonic() - began
                 assert set_headers(answer)["x-semantic-route-reason"].startswith("fallback_")
                 assert least <= took <= most, (stamp, took)
