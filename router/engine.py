@@ -157,13 +157,3 @@ class RoutingEngine:
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
         metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
         return self.models.choose(decided, facts)
-        last = embed_last() if embed_last else self.embed(turns[-1], deadline)
-        found = await asyncio.gather(*(self.embed(t, deadline) for t in turns[:-1]), last, return_exceptions=True)
-        if isinstance(found[-1], BaseException):
-            if isinstance(found[-1], RoutingUnavailable):
-                return self.fallback(found[-1].reason, guess, facts)
-            raise found[-1]
-        scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
-        decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
-        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
-        return self.models.choose(decided, facts)

@@ -36,9 +36,11 @@ class LinearHead:
         return embeddings @ self.weight.T + self.bias
 
     def save(self, path: str | Path) -> None:
-        extra = {} if self.prototypes is None else {"prototypes": self.prototypes}
-        np.savez(path, classes=np.asarray(self.classes), routes=np.asarray(self.routes), weight=self.weight,
-                 bias=self.bias, **extra)
+        arrays = {"classes": np.asarray(self.classes), "routes": np.asarray(self.routes), "weight": self.weight,
+                  "bias": self.bias}
+        if self.prototypes is not None:
+            arrays["prototypes"] = self.prototypes
+        np.savez(path, **arrays)  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, path: str | Path) -> "LinearHead":
@@ -50,14 +52,10 @@ class LinearHead:
     def with_prototypes(self, embeddings: np.ndarray, labels: Sequence[str]) -> "LinearHead":
         """This head with its classes' prototypes taken from `embeddings` (unit rows, one class
         label each, every class present)."""
-        labels = np.asarray(labels)
-        means = np.stack([embeddings[labels == c].mean(axis=0) for c in self.classes])
+        named = np.asarray(labels)
+        means = np.stack([embeddings[named == c].mean(axis=0) for c in self.classes])
         return dataclasses.replace(self, prototypes=(means / np.linalg.norm(means, axis=1, keepdims=True))
                                    .astype(np.float32))
-
-    def nearest_prototype(self, embedding: np.ndarray) -> float:
-        """The cosine similarity of a unit `embedding` to the nearest class prototype."""
-        return float((self.prototypes @ embedding).max())
 
 
 class RouteGroups:

@@ -90,13 +90,17 @@ class StaticTier:
         self.accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes],
                                  dtype=np.float32)
         self.gate = config.conversation.gate
-        self.min_similarity = config.static_tier.min_similarity
         self.fallback_guess = config.static_tier.fallback == "guess"
         self.default_route = config.default_route.name
-        self.head = getattr(self.classifier.scorer, "head", None)
-        if self.min_similarity is not None and (self.head is None or self.head.prototypes is None):
-            raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare with "
-                             "(semantic-router fit saves them with the head it trains)")
+        # The in-scope check: the head's class prototypes, and how near one a prompt must lie.
+        self.in_scope: tuple[np.ndarray, float] | None = None
+        floor = config.static_tier.min_similarity
+        if floor is not None:
+            prototypes = getattr(getattr(self.classifier.scorer, "head", None), "prototypes", None)
+            if prototypes is None:
+                raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare "
+                                 "with (semantic-router fit saves them with the head it trains)")
+            self.in_scope = (prototypes, floor)
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
@@ -108,11 +112,16 @@ class StaticTier:
         vectors = self.encode(turns)
         scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
-        if choice >= 0 and lead >= self.accept[choice] and (
-                self.min_similarity is None or self.head.nearest_prototype(vectors[-1]) >= self.min_similarity):
+        if choice >= 0 and lead >= self.accept[choice] and self._near_enough(vectors[-1]):
             decided = self.classifier.decision(scores[-1], choice, "matched")
             return decided, decided
         if not self.fallback_guess:
             return None, None
         guess = self.classifier.conversation_decision(scores, self.gate)
         return None, (None if guess.route == self.default_route else guess)
+
+    def _near_enough(self, vector: np.ndarray) -> bool:
+        if self.in_scope is None:
+            return True
+        prototypes, floor = self.in_scope
+        return float((prototypes @ vector).max()) >= floor

@@ -103,10 +103,11 @@ def test_fit_sets_the_in_scope_check_where_most_held_out_in_scope_decisions_stan
     outside = np.stack([unit(0.5, 0, 1) for _ in range(10)])
     vectors, truth = np.concatenate([inside, outside]), np.asarray([0] * 100 + [1] * 100 + [-1] * 10)
     fitted, notes = with_in_scope_check(head_config(tmp_path), tier.classifier, vectors, truth)
+    prototypes = LinearHead.load(tmp_path / "static.npz").prototypes
     cut = fitted.static_tier.min_similarity
-    near = (inside @ tier.head.prototypes.T).max(axis=1)
+    near = (inside @ prototypes.T).max(axis=1)
     assert 0.96 <= (near >= cut).mean() <= 0.99  # IN_SCOPE_KEEP of the in-scope decisions stand
-    assert float(unit(0.5, 0, 1) @ tier.head.prototypes[0]) < cut
+    assert float(unit(0.5, 0, 1) @ prototypes[0]) < cut
     assert "keeps 98.0%" in notes[0] and "0 of 10 out-of-scope (were 10)" in notes[0]
     few = with_in_scope_check(head_config(tmp_path), tier.classifier, vectors[:MIN_SUPPORT - 1], truth[:MIN_SUPPORT - 1])
     assert few[0].static_tier.min_similarity is None and few[1] == []  # too few decisions to say anything
