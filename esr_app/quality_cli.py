@@ -94,7 +94,23 @@ def _report(classifier, embeddings, data, config: RouterConfig, static=None) -> 
     report = evaluate(data.labels, decisions, list(config.route_names), config.default_route.name)
     if static is not None:
         _with_encoder_alone(report, config, data.labels, decide_labelled(config, classifier, data.texts, embeddings))
+        _without_encoder(report, config, classifier, data, static)
     return report
+
+
+def _without_encoder(report: dict, config: RouterConfig, classifier, data, static) -> None:
+    """`report` with the accuracy were the encoder to answer nothing (decide_without_encoder): by
+    the static tier's guess (static_tier.fallback: guess), and by the default route."""
+    from esr_tuning.evaluation import decide_without_encoder, evaluate
+    from router.static_tier import StaticTier
+
+    names, default = list(config.route_names), config.default_route.name
+    report["without_encoder"] = {}
+    for fallback in ("guess", "default"):
+        cfg = replace_at(config, "static_tier.fallback", fallback)
+        tier = StaticTier(cfg, static.encode, getattr(static.classifier.scorer, "head", None))
+        measured = evaluate(data.labels, decide_without_encoder(cfg, classifier, data.texts, tier), names, default)
+        report["without_encoder"][fallback] = measured["accuracy"]
 
 
 def _with_encoder_alone(report: dict, config: RouterConfig, labels, alone) -> None:

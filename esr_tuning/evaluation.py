@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -9,7 +10,9 @@ from typing import Sequence
 import numpy as np
 
 from router.llm_body import request_facts, texts_to_route
+from batching import ModelUnavailable
 from router.classifier import Decision, RouteClassifier
+from router.engine import RoutingEngine
 from esr_config import RouterConfig
 from router.capabilities import ModelChoice
 from router.rules import RequestFacts, Rules
@@ -59,6 +62,38 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
         ruled = rules.decide(routed[i], facts) if rules else None
         decisions[i] = models.choose(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
     return decisions
+
+
+class _Unavailable:
+    """An encoder that never answers: the model process away, the batcher refusing everything."""
+
+    async def embed(self, text: str, deadline: float) -> np.ndarray:
+        raise ModelUnavailable("eval: the encoder is taken away")
+
+    async def started(self) -> None:
+        return None
+
+    async def aclose(self, drain_timeout: float = 10.0) -> None:
+        return None
+
+
+def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
+                           static: StaticTier) -> list[Decision]:
+    """Each text's decision, as decide_labelled's, were the encoder unable to answer (overloaded, its
+    model process away): the rules, then the static tier where it stands, else the server's own
+    fallback (RoutingEngine.fallback: the static tier's guess, or the default route)."""
+    engine = RoutingEngine(config, _Unavailable(), classifier, static=static)
+    rules, routed = Rules(config), routed_texts_of(config, texts)
+
+    async def decide_all() -> list[Decision]:
+        out = []
+        for i, text in enumerate(texts):
+            facts = request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
+            ruled = engine.ruled(routed[i], facts) if rules else None
+            out.append(ruled or await engine.decide([routed[i]], float("inf"), facts=facts))
+        return out
+
+    return asyncio.run(decide_all())
 
 
 # The default-route share the `shifted` figure (and fit's default objective) assumes: labelled sets hold a
@@ -153,6 +188,9 @@ def format_report(report: dict, default: str) -> str:
            + (f", with {report['shifted']['default_share']:.0%} default-route traffic {report['encoder_alone_shifted']:.4f}"
               if report.get("encoder_alone_shifted") is not None and report.get("shifted") else "")]
           if report.get("encoder_alone_accuracy") is not None else []),
+        *([f"encoder unavailable (every prompt the static tier leaves falls back): accuracy "
+           f"{report['without_encoder']['guess']:.4f} routed by the static tier's guess, "
+           f"{report['without_encoder']['default']:.4f} by the default route"] if report.get("without_encoder") else []),
         *([f"{name} tier: decides {t['share']:.1%}, accuracy {t['accuracy']}, ECE "
            f"{t['confidence']['ece'] if t['confidence'] else '-'}; share by route "
            + ", ".join(f"{r} {v:.0%}" for r, v in t["route_share"].items())

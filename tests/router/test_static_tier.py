@@ -19,6 +19,7 @@ from filters.context import RequestContext
 from esr_app.routing_build import static_encoder, static_tier
 from esr_model.location import resolve_model
 from esr_model.static_embedding import DIMENSIONS, is_current, static_path
+from esr_tuning.evaluation import decide_without_encoder
 from esr_tuning.static_fit import MIN_SUPPORT, _accept_level, with_in_scope_check
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
@@ -219,6 +220,13 @@ def test_when_the_chain_runs_out_of_time_on_the_encoder_the_guess_routes_the_req
     assert why == "fallback_timeout"
     assert (decision.route, decision.reason, decision.tier) == ("math", "fallback_timeout", "static")
     assert asyncio.run(run("g1"))[1] is None  # no guess for the default route's: the service's default takes it
+
+
+def test_eval_decides_as_the_server_does_with_the_encoder_taken_away():
+    cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}})
+    decided = decide_without_encoder(cfg, RouteClassifier(cfg, encode), ["m1", "m3", "g1"], StaticTier(cfg, encode))
+    assert [(d.route, d.reason, d.tier) for d in decided] == [
+        ("math", "matched", "static"), ("math", "fallback_unavailable", "static"), ("general", "fallback_unavailable", "")]
 
 
 def test_no_tier_is_built_where_it_is_off_or_fitted_for_no_route():
