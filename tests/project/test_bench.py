@@ -31,6 +31,9 @@ def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
     rows = {r["scenario"]: r for r in result["rows"]}
     assert set(rows) == SCENARIOS
     assert all(r.get("errors", 0) == 0 for r in rows.values())
+    # Closed loops never hold more than their clients: only an open loop, offered 95% of a ceiling
+    # measured at a quieter moment, may meet the batcher's refusal (queue full) on a busy machine.
+    assert all(r.get("refused", 0) == 0 for s, r in rows.items() if not s.startswith("poisson"))
     assert all(r["throughput_rps"] > 0 for s, r in rows.items() if s != "single_request")
     assert len(rows["batcher_c64"]["trials_rps"]) == 2 and len(rows["ceiling"]["trials_rps"]) == 2
     assert rows["batcher_c64"]["mean_batch"] > 1  # 64 clients were batched together
