@@ -108,7 +108,7 @@ def _without_encoder(report: dict, config: RouterConfig, classifier, data, stati
     report["without_encoder"] = {}
     for fallback in ("guess", "default"):
         cfg = replace_at(config, "static_tier.fallback", fallback)
-        tier = StaticTier(cfg, static.encode, getattr(static.classifier.scorer, "head", None))
+        tier = StaticTier(cfg, static.encode, static.classifier.head)
         measured = evaluate(data.labels, decide_without_encoder(cfg, classifier, data.texts, tier), names, default)
         report["without_encoder"][fallback] = measured["accuracy"]
 

@@ -70,7 +70,8 @@ def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vecto
     that IN_SCOPE_KEEP of the held-out in-scope decisions the margins keep reach. Set without any
     out-of-scope example: fit's few of them say little of the ones traffic brings (CLINC150: the
     margins kept none of train's 100, and 8 of val's 100)."""
-    head = getattr(classifier.scorer, "head")  # a HeadScorer: fit_head_tier's
+    head = classifier.head
+    assert head is not None and head.prototypes is not None  # fit_head_tier's head, its prototypes taken
     scores = classifier.scores(vectors)
     choices = classifier.choose(scores)
     accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes], dtype=np.float32)

@@ -59,6 +59,11 @@ class RouteClassifier:
         self.calibrator = Calibrator(config.calibration)
         self._min_confidence = [config.min_confidence_of(r) for r in self.routes]
 
+    @property
+    def head(self) -> LinearHead | None:
+        """The trained head it scores with (classifier.method: head), loaded or trained at load; else None."""
+        return self.scorer.head if isinstance(self.scorer, HeadScorer) else None
+
     def scores(self, embeddings: np.ndarray) -> np.ndarray:
         """(n, groups): one column per route, plus the default route's last when it has examples."""
         return self.scorer.scores(embeddings)

@@ -96,7 +96,7 @@ class StaticTier:
         self.in_scope: tuple[np.ndarray, float] | None = None
         floor = config.static_tier.min_similarity
         if floor is not None:
-            prototypes = getattr(getattr(self.classifier.scorer, "head", None), "prototypes", None)
+            prototypes = self.classifier.head.prototypes if self.classifier.head is not None else None
             if prototypes is None:
                 raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare "
                                  "with (semantic-router fit saves them with the head it trains)")
