@@ -47,6 +47,11 @@ def routed_texts_of(config: RouterConfig, texts: Sequence[str]) -> list[str]:
     return [(texts_to_route([t], None, config.requests, config.conversation.turns_read)[0] or (t,))[-1] for t in texts]
 
 
+def one_message_facts(text: str) -> RequestFacts:
+    """What rules and the model choice read of a request of that one user message."""
+    return request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
+
+
 def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
                     embeddings: np.ndarray, static: StaticTier | None = None) -> list[Decision]:
     """Each text's decision as the router makes it for a request of that one user message: rules
@@ -58,7 +63,7 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
         return [models.choose(d, RequestFacts()) for d in decisions]
     routed = routed_texts_of(config, texts)
     for i, text in enumerate(texts):
-        facts = request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
+        facts = one_message_facts(text)
         ruled = rules.decide(routed[i], facts) if rules else None
         decisions[i] = models.choose(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
     return decisions
@@ -88,7 +93,7 @@ def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, te
     async def decide_all() -> list[Decision]:
         out = []
         for i, text in enumerate(texts):
-            facts = request_facts({"messages": [{"role": "user", "content": text}]}, "/v1/chat/completions")
+            facts = one_message_facts(text)
             ruled = engine.ruled(routed[i], facts) if rules else None
             out.append(ruled or await engine.decide([routed[i]], float("inf"), facts=facts))
         return out
