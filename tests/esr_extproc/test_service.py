@@ -536,10 +536,12 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
     run(main())
 
 
-def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_headers():
-    def sent(ago_s: float) -> tuple[str, str]:  # the rendered config's stamp (headers.SENT_AT)
-        return "x-semantic-router-sent-at", str(int((time.time() - ago_s) * 1e6))
+def sent(ago_s: float) -> tuple[str, str]:
+    """The rendered config's stamp (headers.SENT_AT): sent on to the router `ago_s` seconds ago."""
+    return "x-semantic-router-sent-at", str(int((time.time() - ago_s) * 1e6))
 
+
+def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_headers():
     async def main():
         async with Harness({**CONFIG, "server": {"shed_wait_ms": 250}}) as h:
             # Sent on half a second ago: it waited that long in line, and its body would wait as long again.
@@ -561,15 +563,12 @@ def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_h
 def test_a_request_s_budget_runs_from_when_envoy_sent_it_on_where_the_stamp_says():
     # The wait in gRPC's buffers before the router read it is the client's wait too: a request sent on
     # 450 ms ago has 50 ms of its 500 left, not 500 again (c512 p99: 0.95-1.04 s before, 0.56-0.62 s after).
-    def sent(ago_s: float) -> list[tuple[str, str]]:
-        return [("x-semantic-router-sent-at", str(int((time.time() - ago_s) * 1e6)))]
-
     async def main():
         backend = FakeBackend(hold=True)  # the model never answers while the test holds it
         async with Harness({**CONFIG, "server": {"deadline_ms": 500, "shed_wait_ms": 0}}, backend=backend) as h:
             # A stamp Envoy did not write (no pinned-model metadata: not the rendered config) is a client's.
-            for stamp, envoy, least, most in ((sent(0.45), read_by_envoy, 0.0, 0.3), ((), read_by_envoy, 0.4, 2.0),
-                                              (sent(10.0), lambda m: m, 0.4, 2.0)):
+            for stamp, envoy, least, most in (([sent(0.45)], read_by_envoy, 0.0, 0.3), ([], read_by_envoy, 0.4, 2.0),
+                                              ([sent(10.0)], lambda m: m, 0.4, 2.0)):
                 began = time.monotonic()
                 _, answer = await h.exchange(envoy(headers_msg(extra=stamp)), body_msg(chat("tell me a joke")))
                 took = time.monotonic() - began
