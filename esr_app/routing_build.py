@@ -45,7 +45,8 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
                            utterances=lookup, static=static)
-    return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings), service_settings(config))
+    return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings),
+                   service_settings(config, engine))
 
 
 def static_tier_on(config: RouterConfig) -> bool:
@@ -113,13 +114,16 @@ def static_encoder(config: RouterConfig):
     return StaticEncoder(model_dir, min(config.encoder.max_seq_length or limit, limit), config.requests.truncate).encode
 
 
-def service_settings(config: RouterConfig) -> ServiceSettings:
+def service_settings(config: RouterConfig, engine: RoutingEngine) -> ServiceSettings:
+    """What the service reads of `config`, served with `engine` (whether it has a static tier sets
+    how long a request may wait to be read: ServerConfig.shed_wait_s)."""
     return ServiceSettings(deadline_s=config.server.deadline_ms / 1000.0, requests=config.requests,
                            max_request_headers=config.envoy.max_request_headers,
                            max_inflated_bytes=config.envoy.max_request_bytes, log_prompts=config.log_prompts,
                            server=config.server, cache=config.cache,
                            set_body={**{r.name: r.set_body for r in config.routes if r.set_body},
-                                     config.default_route.name: config.default_route.set_body})
+                                     config.default_route.name: config.default_route.set_body},
+                           shed_wait_s=config.server.shed_wait_s(static_tier=engine.static is not None))
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose

@@ -175,7 +175,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
-            if overloaded(current.settings.server, self.in_flight, h):
+            if overloaded(current.settings, self.in_flight, h):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})

@@ -25,6 +25,7 @@ class ServiceSettings:
     server: ServerConfig = field(default_factory=ServerConfig)  # the standard headers it sets
     cache: CacheConfig = field(default_factory=CacheConfig)  # its matching policy (the store is the process's)
     set_body: Mapping[str, dict] = field(default_factory=dict)  # route -> the members it writes (routes[].set_body)
+    shed_wait_s: float = 0.0  # server.shed_wait_ms resolved for this engine (ServerConfig.shed_wait_s); 0: never
 
 
 class Serving(NamedTuple):

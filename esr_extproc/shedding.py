@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 
-from esr_extproc.config import ServerConfig
+from esr_extproc.serving import ServiceSettings
 from esr_extproc.headers import SENT_AT
 
 
-def overloaded(server: ServerConfig, in_flight: int, headers: dict[str, str]) -> bool:
-    return bool(server.max_in_flight and in_flight >= server.max_in_flight) \
-        or bool(server.shed_wait_s and waited_s(headers) > server.shed_wait_s)
+def overloaded(settings: ServiceSettings, in_flight: int, headers: dict[str, str]) -> bool:
+    limit = settings.server.max_in_flight
+    return bool(limit and in_flight >= limit) or bool(settings.shed_wait_s and waited_s(headers) > settings.shed_wait_s)
 
 
 def waited_s(headers: dict[str, str]) -> float:

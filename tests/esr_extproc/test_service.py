@@ -560,6 +560,19 @@ def test_a_request_that_waited_for_the_router_past_shed_wait_ms_is_shed_at_its_h
     run(main())
 
 
+def test_without_a_static_tier_a_request_read_with_too_little_of_its_budget_left_is_shed():
+    async def main():
+        async with Harness({**CONFIG, "server": {"deadline_ms": 500}}) as h:  # no tier: 70% of it, 350 ms
+            (shed,) = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.4)])))
+            assert shed.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            answers = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.2)])),
+                                       body_msg(chat("write a python function")))
+            assert not answers[0].HasField("mode_override")
+            assert set_headers(answers[1])["x-selected-model"] == "code-model"
+
+    run(main())
+
+
 def test_a_request_s_budget_runs_from_when_envoy_sent_it_on_where_the_stamp_says():
     # The wait in gRPC's buffers before the router read it is the client's wait too: a request sent on
     # 450 ms ago has 50 ms of its 500 left, not 500 again (c512 p99: 0.95-1.04 s before, 0.56-0.62 s after).

@@ -91,7 +91,7 @@ class Harness:
             self.server.add_generic_rpc_handlers((CacheKeeper(self.cache).handler(),))
         engine = RoutingEngine(self.config, self.batcher, classifier)
         chain = await FilterChain.for_engine(engine, self.config.filters, self.config.filter_settings)
-        self.service.serve(Serving(engine, chain, service_settings(self.config)))  # as RouterServer does
+        self.service.serve(Serving(engine, chain, service_settings(self.config, engine)))  # as RouterServer does
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
