@@ -130,7 +130,7 @@ class ContinuousBatcher:
         # A batcher idle for longer than it predicts admits all the same: its prediction is then
         # only history (a model that was slow for a while), and refusing every request would never
         # let a batch run to show it fast again. At worst this request misses its deadline.
-        if time.monotonic() + wait * self.settings.admission_headroom > deadline and not self._idle_past(wait):
+        if time.monotonic() + wait > deadline and not self._idle_past(wait):
             self._queue.release()
             self.observer.on_dropped("overload", 1)
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")

@@ -22,13 +22,6 @@ class BatcherSettings:
     # Time an embedding needs after its batch to reach the caller, on top of the measured delay
     # of the event loop in running the settling callback; deadline checks keep both in hand.
     answer_margin_ms: float = 5.0
-    # A request is admitted only where its predicted wait, this many times over, ends before its
-    # deadline. The prediction is an average; a request it lets in late is answered at its deadline
-    # with a fallback all the same, after the model spent a batch slot on it, where a refusal
-    # answers it at once. At c512 through Envoy on two cores (the cascade, 2 trials each):
-    # fallback_timeout 0.9-1.3% of answers at 1, 0.2-0.8% at 1.5, 0.2-0.3% at 2, goodput within
-    # the noise; at c64 nothing is refused at any of them (docs/static-tier.md#overload).
-    admission_headroom: float = 2.0
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window",
@@ -38,8 +31,6 @@ class BatcherSettings:
         for name in ("max_wait_ms", "answer_margin_ms"):
             if getattr(self, name) < 0:
                 raise SettingError(name, "must not be negative")
-        if self.admission_headroom < 1.0:
-            raise SettingError("admission_headroom", "must be at least 1 (the predicted wait itself)")
         if not 0.0 <= self.max_padding <= 1.0:
             raise SettingError("max_padding", "must be between 0 and 1")
         if self.max_queue_requests < self.max_batch_size:

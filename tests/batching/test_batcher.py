@@ -387,36 +387,10 @@ def test_refused_at_admission_when_the_predicted_answer_is_late_and_never_reache
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("headroom, admitted", [(2.0, False), (1.0, True)])
-def test_admission_keeps_headroom_over_the_predicted_wait(headroom, admitted):
-    # Predicted 0.5 s (the running batch) + 0.5 s (its own) with 1.5 s left: it fits once, not twice.
-    # A request let in on an average that then runs late is answered at its deadline with a
-    # fallback all the same, after costing a batch slot (c512: 0.9-1.3% of answers timed out at 1).
-    async def main():
-        backend = FakeBackend(hold=True)
-        b, obs = await start_batcher(backend, admission_headroom=headroom)
-        teach(b, 0.5)
-        first = await hold_first(b, backend)
-        ask = asyncio.create_task(b.embed("fits once", time.monotonic() + 1.5))
-        await asyncio.sleep(0.05)
-        assert ask.done() is not admitted  # refused at once, or waiting for its batch
-        backend.gate.set()
-        await first
-        if admitted:
-            await ask
-        else:
-            with pytest.raises(WouldMissDeadline):
-                await ask
-            assert obs.dropped["overload"] == 1 and "fits once" not in backend.tokenized
-        await b.aclose()
-
-    asyncio.run(main())
-
-
 def test_item_predicted_to_finish_late_is_never_computed():
     async def main():
         backend = FakeBackend(hold=True)
-        b, obs = await start_batcher(backend, admission_headroom=1.0)  # the batch cut's check, not admission's
+        b, obs = await start_batcher(backend)
         teach(b, 0.4)
         first = await hold_first(b, backend)
         # Admitted (0.4 s running + 0.4 s for its own batch < 1.5 s), but the model stays busy.
@@ -437,7 +411,7 @@ def test_item_predicted_to_finish_late_is_never_computed():
 def test_batch_is_cut_so_that_its_oldest_item_meets_its_deadline():
     async def main():
         backend = FakeBackend(hold=True)
-        b, _ = await start_batcher(backend, admission_headroom=1.0)  # the cut, not admission
+        b, _ = await start_batcher(backend)
         for tokens in (4, 8, 16, 32):
             b.cost.observe(tokens, 0.1 * tokens)  # 0.1 s per padded token, no fixed part
         first = await hold_first(b, backend)
@@ -502,7 +476,7 @@ def test_a_long_prompt_after_short_ones_is_judged_by_the_warm_up_calibration(bac
     # refused as late with 2 s left. Calibrated, half the warm-up's fixed part counts: 1.4 s, computed.
     async def main():
         backend = backend_type()
-        b, obs = await start_batcher(backend, admission_headroom=1.0)  # the prediction itself
+        b, obs = await start_batcher(backend)
         await b.started()
         for _ in range(5):
             b.cost.observe(12, 0.15)
