@@ -148,8 +148,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # in gRPC's buffers before this loop read it is the client's wait too. Only behind the
         # rendered config (the pinned-model metadata says so): elsewhere a client could send an old
         # stamp, and a request out of time is one the guard decides by its on_error.
-        if sheddable:
-            stream.started -= waited_s(h)
+        waited = waited_s(h) if sheddable else 0.0  # also what shedding reads below
+        stream.started -= waited
         stream.method = h.get(":method", "")
         stream.path = canonical_path(h.get(":path", ""))
         current = self.serving
@@ -175,7 +175,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
-            if overloaded(current.settings, self.in_flight, h):
+            if overloaded(current.settings, self.in_flight, waited):
                 metrics.REQUESTS.labels("fallback_overload").inc()
                 metrics.SHED.inc()
                 return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})

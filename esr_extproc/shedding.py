@@ -10,9 +10,10 @@ from esr_extproc.serving import ServiceSettings
 from esr_extproc.headers import SENT_AT
 
 
-def overloaded(settings: ServiceSettings, in_flight: int, headers: dict[str, str]) -> bool:
+def overloaded(settings: ServiceSettings, in_flight: int, waited: float) -> bool:
+    """`waited`: the request's waited_s, read once by the caller (it also sets the budget's start)."""
     limit = settings.server.max_in_flight
-    return bool(limit and in_flight >= limit) or bool(settings.shed_wait_s and waited_s(headers) > settings.shed_wait_s)
+    return bool(limit and in_flight >= limit) or bool(settings.shed_wait_s and waited > settings.shed_wait_s)
 
 
 def waited_s(headers: dict[str, str]) -> float:
