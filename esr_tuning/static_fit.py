@@ -18,7 +18,7 @@ from esr_config import RouterConfig
 from router.classifier import RouteClassifier
 from router.head import LinearHead
 from router.conversation import deciding_turn
-from router.static_tier import margins, own_turn_lead, static_classifier
+from router.static_tier import margins, own_turn_lead, prototype_similarity, route_accepts, static_classifier
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from esr_tuning.fit import _train_head, label_indices, tune_thresholds
 
@@ -74,9 +74,9 @@ def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vecto
     assert head is not None and head.prototypes is not None  # fit_head_tier's head, its prototypes taken
     scores = classifier.scores(vectors)
     choices = classifier.choose(scores)
-    accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes], dtype=np.float32)
+    accept = route_accepts(config)
     kept = (choices >= 0) & (margins(classifier, scores, choices) >= accept[np.maximum(choices, 0)])
-    near = (vectors @ head.prototypes.T).max(axis=1)
+    near = prototype_similarity(head.prototypes, vectors)
     sure = kept & (truth >= 0)
     if sure.sum() < MIN_SUPPORT:
         return config, []

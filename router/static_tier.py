@@ -22,7 +22,8 @@ from router.conversation import deciding_turn
 from router.head import LinearHead
 
 STATIC = "static"  # x-semantic-route-tier: which tier decided (the other: classifier.ENCODER)
-__all__ = ["ENCODER", "STATIC", "StaticTier", "margins", "own_turn_lead", "static_classifier", "static_config"]
+__all__ = ["ENCODER", "STATIC", "StaticTier", "margins", "own_turn_lead", "prototype_similarity", "route_accepts",
+           "static_classifier", "static_config"]
 
 
 def static_config(config: RoutingConfig) -> RoutingConfig:
@@ -76,6 +77,17 @@ def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray
     return np.where(choices >= 0, lead, below)
 
 
+def route_accepts(config: RoutingConfig) -> np.ndarray:
+    """Each route's `static_tier.accept` margin, in route order; a route not named: inf (the encoder's)."""
+    return np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes], dtype=np.float32)
+
+
+def prototype_similarity(prototypes: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """How near each static vector (a row, or one vector) lies to the nearest class prototype: what
+    `min_similarity` bounds. Serving and fit's cut (esr_tuning/static_fit.py) both read it here."""
+    return (vectors @ prototypes.T).max(axis=-1)
+
+
 class StaticTier:
     def __init__(self, config: RoutingConfig, encode: Callable[[Sequence[str]], np.ndarray],
                  head: LinearHead | None = None):
@@ -87,8 +99,7 @@ class StaticTier:
         # prompt that belongs nowhere from one the static head knows too little of is what the
         # transformer is for (a static default decision was right 34% of the time on a CLINC150
         # slice where the encoder's were right 100%); own_turn_lead never offers it.
-        self.accept = np.asarray([config.static_tier.accept.get(r.name, np.inf) for r in config.routes],
-                                 dtype=np.float32)
+        self.accept = route_accepts(config)
         self.gate = config.conversation.gate
         self.fallback_guess = config.static_tier.fallback == "guess"
         self.default_route = config.default_route.name
@@ -124,4 +135,4 @@ class StaticTier:
         if self.in_scope is None:
             return True
         prototypes, floor = self.in_scope
-        return float((prototypes @ vector).max()) >= floor
+        return float(prototype_similarity(prototypes, vector)) >= floor
