@@ -182,13 +182,17 @@ class BatchQueue:
                 keep: list[WorkItem] = []
                 for i in live:
                     (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
-                if not keep and late and self._running == 0 and \
-                        self._clock() - self._idle_since >= judge.predict(late[0].n_tokens):
+                # The oldest with more time left than its answer needs to get back.
+                probe = next((i for i in late if i.deadline - now > margin), None)
+                if not keep and probe is not None and self._running == 0 and \
+                        self._clock() - self._idle_since >= judge.predict(probe.n_tokens):
                     # Nothing has run for longer than the prediction says one batch takes: it is
                     # only history (a model slow for a while), and refusing everything would never
-                    # show the model fast again. The oldest runs alone.
-                    probe = late.pop(0)
+                    # show the model fast again. The probe runs alone.
+                    late.remove(probe)
                     keep = [probe]
+                else:
+                    probe = None
                 live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0

@@ -540,3 +540,98 @@ def test_a_model_that_was_slow_is_tried_again_when_idle_and_relearned():
         await b.aclose()
 
     asyncio.run(main())
+
+
+def test_an_idle_batcher_admits_no_request_with_no_more_time_than_its_answer_needs_to_get_back():
+    """The idle rule lets a request past a prediction that may be only history; at c512 behind a
+    static tier (the model's queue idle between the few requests the tier leaves it) it let in
+    requests with 0-7 ms left, and each timed out: most of the cascade's fallback_timeout."""
+    async def main():
+        backend = FakeBackend()
+        b, obs = await start_batcher(backend, answer_margin_ms=20.0)
+        teach(b, 0.05)
+        await asyncio.sleep(0.2)  # idle for longer than the 50 ms it predicts a batch takes
+        with pytest.raises(WouldMissDeadline):
+            await b.embed("no time", time.monotonic() + 0.01)  # less than the 20 ms margin
+        assert "no time" not in backend.tokenized and obs.dropped["overload"] == 1
+        # Past the margin but short of the prediction, the idle rule still tries it.
+        assert (await b.embed("some time", time.monotonic() + 0.06)).shape == (FakeBackend.dim,)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_queue_does_not_run_alone_an_item_with_no_more_time_than_its_answer_needs():
+    from batching.cost_model import BatchCostModel
+    from batching.queue import BatchQueue
+
+    now = [1000.0]
+    q = BatchQueue(8, 1024, 8, clock=lambda: now[0])
+    cost = BatchCostModel()
+    for tokens in (4, 8, 16):
+        cost.observe(tokens, 0.05)
+    now[0] += 1.0  # idle for longer than the 50 ms the cost model predicts a batch takes
+    items = []
+    for text, left in (("no time", 0.004), ("some time", 0.03)):
+        item = q.new_item(text, deadline=now[0] + left, future=None)
+        item.inputs = [1, 2]
+        assert q.reserve()
+        q.put_many([item])
+        items.append(item)
+    batch = q.next_batch(max_size=1, max_tokens=1024, cost=cost, margin=0.005)
+    # Both predicted late (50 ms); the older, with 4 ms left of the 5 ms its answer needs, is
+    # refused, and the other, with more than that left, is tried alone.
+    assert batch.late == [items[0]] and batch.items == [items[1]]
+
+
+def test_lateness_rises_at_once_and_halves_each_second():
+    from batching.admission import Lateness
+
+    now = [50.0]
+    late = Lateness(clock=lambda: now[0])
+    late.observe(-0.2)  # early answers keep it at 0
+    assert late.seconds == 0.0
+    late.observe(0.08)
+    assert late.seconds == pytest.approx(0.08)
+    now[0] += 1.0
+    assert late.seconds == pytest.approx(0.04)
+    late.observe(0.01)  # below what it holds: no change
+    assert late.seconds == pytest.approx(0.04)
+    late.observe(0.1)
+    assert late.seconds == pytest.approx(0.1)
+    now[0] += 10.0
+    assert late.seconds < 0.0001
+
+
+def test_after_a_request_missed_its_deadline_one_with_less_slack_than_the_miss_is_refused_at_once():
+    """The prediction misses by what it cannot see (the model thread sharing its cores): by how
+    much the misses were late is kept in hand, so a request that would time out is refused at
+    once, while its fallback can still route it early. Answers slower than predicted but on time
+    (a router's first batches) keep nothing in hand."""
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend)
+        teach(b, 0.01)
+        missed = asyncio.create_task(b.embed("missed", time.monotonic() + 0.3))  # predicted ~15 ms
+        await asyncio.to_thread(backend.entered.wait, 10)
+        with pytest.raises(DeadlineExceeded):
+            await missed  # ~0.28 s after its predicted answer
+        slack = b.predicted_wait() + 0.1
+        with pytest.raises(WouldMissDeadline):  # the prediction alone would admit it
+            await b.embed("less slack than the miss", time.monotonic() + slack)
+        assert "less slack than the miss" not in backend.tokenized and obs.dropped["overload"] == 1
+        backend.gate.set()
+        assert (await b.embed("enough slack", time.monotonic() + 5)).shape == (FakeBackend.dim,)
+        await b.aclose()
+
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend)
+        teach(b, 0.01)
+        slow = await hold_first(b, backend)  # predicted ~15 ms, held 0.3 s: late, but on time
+        await asyncio.sleep(0.3)
+        backend.gate.set()
+        await slow
+        assert b._lateness.seconds == 0.0
+        await b.aclose()
+
+    asyncio.run(main())
