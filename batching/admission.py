@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Callable
 
 from batching.cost_model import BatchCostModel
 from batching.queue import Batch
@@ -61,35 +60,3 @@ class LoadEstimate:
         running = max(0.0, free_at - time.monotonic())
         rounds = math.ceil(batches / len(busy_until))
         return running + rounds * fixed + per_token * padded / len(busy_until) + margin
-
-
-class Lateness:
-    """By how much admission's predictions lately fell short for requests that then missed their
-    deadline (the deadline less the predicted answer time), in seconds: admission keeps it in
-    hand on top of its prediction. The prediction misses by what no model of the queue sees (the
-    model thread sharing its cores with the loop, Envoy and neighbours); a request admitted with
-    less slack than that miss gets no answer in time, and is better refused at once, while a
-    fallback can still route it early. Only misses count: answers late against the prediction
-    but on time harm nobody (a router's first batches, at shapes the runtime has not seen, are
-    hundreds of ms slower than predicted). It rises at once to a miss and halves every
-    HALF_LIFE_S: with time, not with answers, since while it refuses everything no answer would
-    show it lower. Event loop only."""
-
-    HALF_LIFE_S = 1.0
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._late_by = 0.0
-        self._at = clock()
-
-    @property
-    def seconds(self) -> float:
-        if self._late_by <= 0.0:
-            return 0.0
-        return self._late_by * 0.5 ** ((self._clock() - self._at) / self.HALF_LIFE_S)
-
-    def observe(self, late_by: float) -> None:
-        """A request that missed its deadline `late_by` seconds after its predicted answer time
-        (-inf: there was no prediction)."""
-        if late_by > self.seconds:
-            self._late_by, self._at = late_by, self._clock()

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence, Sized
 
 import numpy as np
 
-from batching.admission import Lateness, LoadEstimate
+from batching.admission import LoadEstimate
 from batching.backend import Backend
 from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, TextTooLong, WouldMissDeadline
@@ -70,7 +70,6 @@ class ContinuousBatcher:
         # How late the loop runs a callback the model thread hands it: a busy loop delays every
         # answer by this much. Rises at once, decays slowly (written on the loop only).
         self._settle_delay = 0.0
-        self._lateness = Lateness()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -129,7 +128,7 @@ class ContinuousBatcher:
             raise Overloaded(f"queue holds {self._queue.max_requests} requests")
         now = time.monotonic()
         wait = self.predicted_wait()
-        if now + wait + self._lateness.seconds > deadline and not self._idle_past(wait, deadline - now):
+        if now + wait > deadline and not self._idle_past(wait, deadline - now):
             self._queue.release()
             self.observer.on_dropped("overload", 1)
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
@@ -140,24 +139,14 @@ class ContinuousBatcher:
         if not self._arrivals:
             self._loop.call_soon(self._hand_over)
         self._arrivals.append(item)
-        # Before the cost model is ready there is no prediction to have missed (the routes'
-        # utterances are embedded at start).
-        predicted_at = now + wait if self.cost.ready else math.inf
         try:
             async with asyncio.timeout_at(deadline):
                 return await fut
         except TimeoutError:
             item.cancelled = True
-            self._lateness.observe(deadline - predicted_at)  # late by this much at least
             raise DeadlineExceeded("deadline passed while queued or running") from None
-        except (WouldMissDeadline, DeadlineExceeded):  # the queue found it late: by as much at least
-            self._lateness.observe(deadline - predicted_at)
-            raise
         except asyncio.CancelledError:
             item.cancelled = True
-            # The caller's own timer at the same deadline (the filter chain's) fires first: as late.
-            if time.monotonic() >= deadline - self.settings.answer_margin_s:
-                self._lateness.observe(deadline - predicted_at)
             raise
 
     def _idle_past(self, wait: float, slack: float) -> bool:
