@@ -182,17 +182,16 @@ class BatchQueue:
                 keep: list[WorkItem] = []
                 for i in live:
                     (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
-                # The oldest with more time left than its answer needs to get back.
-                probe = next((i for i in late if i.deadline - now > margin), None)
-                if not keep and probe is not None and self._running == 0 and \
-                        self._clock() - self._idle_since >= judge.predict(probe.n_tokens):
-                    # Nothing has run for longer than the prediction says one batch takes: it is
-                    # only history (a model slow for a while), and refusing everything would never
-                    # show the model fast again. The probe runs alone.
-                    late.remove(probe)
-                    keep = [probe]
-                else:
-                    probe = None
+                if not keep and self._running == 0:
+                    # The oldest with more time left than its answer needs to get back.
+                    oldest = next((i for i in late if i.deadline - now > margin), None)
+                    if oldest is not None and self._clock() - self._idle_since >= judge.predict(oldest.n_tokens):
+                        # Nothing has run for longer than the prediction says one batch takes: it
+                        # is only history (a model slow for a while), and refusing everything would
+                        # never show the model fast again. It runs alone.
+                        late.remove(oldest)
+                        keep = [oldest]
+                        probe = oldest
                 live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0
