@@ -104,6 +104,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         done = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
         await resp.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+        # A stream that ends a while after its [DONE] on request (x-mock-linger-ms): a client that
+        # stops reading at [DONE] has closed the connection before its end reaches the gateway.
+        await asyncio.sleep(float(request.headers.get("x-mock-linger-ms", 0)) / 1000)
         await resp.write_eof()
         return resp
     return web.json_response(

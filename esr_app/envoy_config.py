@@ -399,7 +399,14 @@ function envoy_on_response(handle)
     local n = chunk:length()
     size = size + n
     if size <= LIMIT and n > 0 then
-      parts[#parts + 1] = chunk:getBytes(0, n)
+      local bytes = chunk:getBytes(0, n)
+      parts[#parts + 1] = bytes
+      -- A streamed answer is whole at its [DONE] event, which this chunk carries on to the client
+      -- only after this: an SDK that stops reading there (the OpenAI SDK closes the connection)
+      -- resets the stream before its end arrives, and this loop would never finish.
+      if bytes:sub(1, 12) == "data: [DONE]" or bytes:find("\\ndata: [DONE]", 1, true) then
+        break
+      end
     end
   end
   local answer = size <= LIMIT and table.concat(parts) or ""

@@ -79,6 +79,22 @@ def test_a_streamed_answer_is_kept_as_it_passes_and_replayed_to_the_sdk(cached_s
     assert cached_stack.backends.attempts[key] == 1
 
 
+def test_a_streamed_answer_is_kept_when_the_sdk_closes_at_done_before_the_stream_ends(cached_stack):
+    # The OpenAI SDK stops reading at [DONE] and closes the connection: where the backend's stream
+    # ends later, Envoy sees the client reset it first. The keeper hands the answer over at its
+    # [DONE]; it waited for the end before, and such an answer was never kept (a test's race).
+    key, prompt = uuid.uuid4().hex, f"write a python function that sorts a list ({uuid.uuid4().hex[:6]})"
+    sdk = openai.OpenAI(base_url=f"{cached_stack.url}/v1", api_key="sk-tenant-a", max_retries=0,
+                        default_headers={"x-mock-key": key, "x-mock-linger-ms": "3000"})
+    before = cache_stores(cached_stack)
+    chunks = list(sdk.chat.completions.create(model="auto", messages=[{"role": "user", "content": prompt}],
+                                              stream=True))
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    wait_kept(cached_stack, before)
+    again = ask(cached_stack, key, prompt)
+    assert again.headers["x-semantic-cache"] == "hit" and cached_stack.backends.attempts[key] == 1
+
+
 def test_a_later_turn_hits_only_the_same_conversation(cached_stack):
     key = uuid.uuid4().hex
     one = [{"role": "user", "content": "solve 2x = 4"}, {"role": "assistant", "content": "x = 2"}]
