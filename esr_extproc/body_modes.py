@@ -1,12 +1,13 @@
 """What differs by how Envoy sends a body: full duplex holds the headers answer until the body is
 whole; streamed asks for an LLM call's body whole, and where the gateway refuses that, the body has
-gone on before the router could route it."""
+gone on before the router could route it. In every mode a body over Envoy's own request limit gets
+one 413."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -28,8 +29,7 @@ async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
         return [replies.streamed_body(body, last)]
     if limit is not None and stream.body_bytes > limit:
         stream.held_headers, stream.body = None, []
-        metrics.BAD_REQUESTS.labels("too_large_upload").inc()
-        return [refusal(413, f"Request body over {limit} bytes.", "request_too_large")]
+        return [too_large(limit)]
     if not last:
         return []
     # The upload's own pace is not the router's: the deadline runs from the whole body.
@@ -38,16 +38,44 @@ async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
     return replies.duplex(held, await on_body(stream), b"".join(stream.body))
 
 
+def too_large(limit: int) -> pb.ProcessingResponse:
+    metrics.BAD_REQUESTS.labels("too_large_upload").inc()
+    return refusal(413, f"Request body over {limit} bytes.", "request_too_large")
+
+
+def declared_over_limit(headers: Mapping[str, str], limit: int | None) -> pb.ProcessingResponse | None:
+    """A 413 at the headers for a body whose content-length is over Envoy's own request limit:
+    refused before it is uploaded, in every body mode, and never left to the streamed mode's
+    override (where Envoy can hold it forever: whole_body_mode)."""
+    declared = headers.get("content-length", "")
+    if limit is None or not declared.isdigit() or int(declared) <= limit:
+        return None
+    return too_large(limit)
+
+
+def whole_body_mode(headers: Mapping[str, str]) -> int:
+    """The mode a STREAMED gateway is asked to send an LLM call's body in: whole (BUFFERED), or
+    for a body of unknown length, BUFFERED_PARTIAL, which sends what Envoy holds once it is past
+    its buffer (over_limit refuses it). Why not BUFFERED for every body: where more than Envoy's
+    buffer arrived while the headers were with the router, Envoy 1.40 stops reading the upload at
+    its buffer and then waits for the body's end, so the request hangs until the client gives up
+    (measured: about 1 upload in 20 of 9 MiB, chunked or not, on a loaded 2-core machine); a body
+    with a length over the limit never gets that far (declared_over_limit). Why not
+    BUFFERED_PARTIAL for every body: Envoy then drops the content-length, and the backend gets a
+    chunked request where the client sent a framed one."""
+    return replies.BUFFERED if "content-length" in headers else replies.BUFFERED_PARTIAL
+
+
 def over_limit(stream: RequestStream, limit: int | None) -> pb.ProcessingResponse | None:
     """A 413 for a streamed LLM call whose body, asked for whole, came larger than Envoy's own
     request limit: Envoy enforces envoy.max_request_bytes on bodies it buffers from the start, but
-    not on one it buffers after a mode override (measured: a 12 MiB body reached the router)."""
+    not on one it buffers after a mode override (measured: a 12 MiB body reached the router), and
+    in BUFFERED_PARTIAL it sends the part it holds past its buffer, without end_of_stream."""
     if not (stream.streamed and stream.llm_call and not stream.unbuffered) or limit is None \
             or stream.body_bytes <= limit:
         return None
     stream.body = []
-    metrics.BAD_REQUESTS.labels("too_large_upload").inc()
-    return refusal(413, f"Request body over {limit} bytes.", "request_too_large")
+    return too_large(limit)
 
 
 def refused_override() -> None:

@@ -15,7 +15,8 @@ from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
 from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
-from esr_extproc.body_modes import duplex_chunk, over_limit, refused_override, too_late_to_route
+from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limit, refused_override, too_late_to_route,
+                                    whole_body_mode)
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -117,6 +118,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     answer = over_limit(stream, self._limit()) or await self._on_body(stream)
                     self._release(stream)  # answered: what the stream waits for now is the backend's
                     yield too_late_to_route(answer) if stream.unbuffered else answer
+                elif (refused := over_limit(stream, self._limit())) is not None:  # BUFFERED_PARTIAL's part
+                    self._release(stream)
+                    yield refused
                 else:
                     if stream.streamed and stream.llm_call and not stream.unbuffered:
                         stream.unbuffered = True  # the body was asked for whole: the override was refused
@@ -166,6 +170,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.BAD_REQUESTS.labels("too_many_headers").inc()
             return refusal(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
                            "request_header_fields_too_large")
+        too_large = declared_over_limit(h, self._limit())
+        if too_large is not None:
+            return too_large
         encoding = h.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             if not encodings.supported(encoding):
@@ -192,7 +199,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # mode override in full duplex (measured: the answer never came): there an answer is kept
         # only by the keeper, or where the gateway's own config sends the router response bodies.
         watch = stream.cache is not None and not stream.cache.kept_by_envoy and not stream.duplex
-        return replies.headers_continue(spoofed, watch, standard, buffer_body=stream.streamed)
+        return replies.headers_continue(spoofed, watch, standard, whole_body_mode(h) if stream.streamed else None)
 
     async def _on_body(self, stream: RequestStream) -> pb.ProcessingResponse:
         if self.tracing is None:

@@ -447,17 +447,22 @@ def test_full_duplex_holds_the_headers_answer_until_the_body_is_whole():
 def test_streamed_bodies_are_asked_for_whole_and_a_refused_override_is_never_a_misroute():
     streamed = processing_mode_pb2.ProcessingMode.STREAMED
 
-    def first(path="/v1/chat/completions"):
-        msg = headers_msg(path=path)
+    def first(path="/v1/chat/completions", extra=()):
+        msg = headers_msg(path=path, extra=extra)
         msg.protocol_config.request_body_mode = streamed
         return msg
 
     async def main():
         async with Harness() as h:
-            # An LLM call: the headers answer asks for the whole body, then the route follows it.
-            answer, routed = await h.exchange(first(), body_msg(chat("solve 3x + 5 = 20")))
-            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
-            assert set_headers(routed)["x-semantic-route"] == "math" and routed.request_body.response.clear_route_cache
+            # An LLM call: the headers answer asks for the whole body (a body of unknown length in
+            # BUFFERED_PARTIAL: body_modes.whole_body_mode), then the route follows it.
+            body = body_msg(chat("solve 3x + 5 = 20"))
+            for extra, asked in [((), processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL),
+                                 ([("content-length", str(len(body.request_body.body)))],
+                                  processing_mode_pb2.ProcessingMode.BUFFERED)]:
+                answer, routed = await h.exchange(first(extra=extra), body)
+                assert answer.mode_override.request_body_mode == asked
+                assert set_headers(routed)["x-semantic-route"] == "math" and routed.request_body.response.clear_route_cache
             # Any other path streams past untouched.
             (other,) = await h.exchange(first("/v1/models"))
             assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
@@ -471,6 +476,45 @@ def test_streamed_bodies_are_asked_for_whole_and_a_refused_override_is_never_a_m
             assert answers[2] == pb.ProcessingResponse(request_body=pb.BodyResponse())
             after = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "streamed_unbuffered"})
             assert after == before + 1
+
+    run(main())
+
+
+def test_a_body_over_envoys_limit_is_refused_by_its_length_or_by_the_part_envoy_sends():
+    limit = 4096
+    config = {**CONFIG, "envoy": {"max_request_bytes": limit}}
+
+    def headers(mode, extra=()):
+        msg = headers_msg(extra=extra)
+        msg.protocol_config.request_body_mode = mode
+        return msg
+
+    def refused(answer):
+        return answer.immediate_response.status.code == 413 and \
+            json.loads(answer.immediate_response.body)["error"]["code"] == "request_too_large"
+
+    async def main():
+        async with Harness(config) as h:
+            before = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "too_large_upload"}) or 0
+            for mode in (processing_mode_pb2.ProcessingMode.BUFFERED, processing_mode_pb2.ProcessingMode.STREAMED,
+                         processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED):
+                # Declared over the limit: refused at the headers, in every body mode.
+                (answer,) = await h.exchange(headers(mode, [("content-length", str(limit + 1))]))
+                assert refused(answer), answer
+            # Of unknown length, streamed: BUFFERED_PARTIAL sends what Envoy holds past its buffer.
+            answer, part = await h.exchange(headers(processing_mode_pb2.ProcessingMode.STREAMED),
+                                            body_msg(b"{" + b" " * limit, end_of_stream=False))
+            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
+            assert refused(part), part
+            # At the limit exactly, declared: asked for whole (BUFFERED) and routed.
+            body = json.dumps(chat("solve 3x + 5 = 20")).encode()
+            body += b" " * (limit - len(body))
+            answer, routed = await h.exchange(headers(processing_mode_pb2.ProcessingMode.STREAMED,
+                                                      [("content-length", str(limit))]), body_msg(body))
+            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
+            assert set_headers(routed)["x-semantic-route"] == "math"
+            after = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "too_large_upload"})
+            assert after == before + 4
 
     run(main())
 

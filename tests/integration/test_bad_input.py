@@ -75,8 +75,10 @@ def test_body_above_router_limit_goes_to_default_unparsed(stack):
 
 
 def test_body_above_envoy_buffer_gets_413(stack):
+    """Refused by the router at its content-length, before the upload, in every body mode
+    (tests/integration/test_edge_streamed_uploads.py: the bodies with no length)."""
     r = post(stack, b'{"model":"auto","messages":[{"role":"user","content":"' + b"x" * (9 * 1024 * 1024) + b'"}]}')
-    assert r.status_code == 413
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 def test_other_methods_are_not_processed_and_other_paths_never_reach_a_backend(stack):
