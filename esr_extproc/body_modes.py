@@ -38,9 +38,11 @@ async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
     return replies.duplex(held, await on_body(stream), b"".join(stream.body))
 
 
-def too_large(limit: int) -> pb.ProcessingResponse:
+def too_large(limit: int | None) -> pb.ProcessingResponse:
+    """`limit`: None where only the gateway knows its buffer's size."""
     metrics.BAD_REQUESTS.labels("too_large_upload").inc()
-    return refusal(413, f"Request body over {limit} bytes.", "request_too_large")
+    over = f"{limit} bytes" if limit is not None else "the gateway's buffer"
+    return refusal(413, f"Request body over {over}.", "request_too_large")
 
 
 def declared_over_limit(headers: Mapping[str, str], limit: int | None) -> pb.ProcessingResponse | None:
@@ -76,6 +78,17 @@ def over_limit(stream: RequestStream, limit: int | None) -> pb.ProcessingRespons
         return None
     stream.body = []
     return too_large(limit)
+
+
+def part_past_buffer(stream: RequestStream, limit: int | None) -> pb.ProcessingResponse | None:
+    """A 413 for a part of an LLM call's body that came without end_of_stream, where that means
+    BUFFERED_PARTIAL's part past Envoy's buffer: always in the gateway's own BUFFERED_PARTIAL
+    mode (the rest would go on to the backend unread: unrouted and unguarded); in STREAMED, only
+    past the limit (over_limit), since below it the part is a refused override's first chunk."""
+    if stream.body_mode == replies.BUFFERED_PARTIAL and stream.llm_call:
+        stream.body = []
+        return too_large(None)
+    return over_limit(stream, limit)
 
 
 def refused_override() -> None:

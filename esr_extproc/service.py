@@ -15,8 +15,8 @@ from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
 from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
-from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limit, refused_override, too_late_to_route,
-                                    whole_body_mode)
+from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limit, part_past_buffer, refused_override,
+                                    too_late_to_route, whole_body_mode)
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -118,7 +118,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     answer = over_limit(stream, self._limit()) or await self._on_body(stream)
                     self._release(stream)  # answered: what the stream waits for now is the backend's
                     yield too_late_to_route(answer) if stream.unbuffered else answer
-                elif (refused := over_limit(stream, self._limit())) is not None:  # BUFFERED_PARTIAL's part
+                elif (refused := part_past_buffer(stream, self._limit())) is not None:
                     self._release(stream)
                     yield refused
                 else:

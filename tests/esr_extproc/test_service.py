@@ -506,6 +506,11 @@ def test_a_body_over_envoys_limit_is_refused_by_its_length_or_by_the_part_envoy_
                                             body_msg(b"{" + b" " * limit, end_of_stream=False))
             assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
             assert refused(part), part
+            # The gateway's own BUFFERED_PARTIAL: a part without end_of_stream is past its buffer,
+            # whatever the router's limit (the rest would reach the backend unread).
+            answer, part = await h.exchange(headers(processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL),
+                                            body_msg(b"{" + b" " * 100, end_of_stream=False))
+            assert not answer.HasField("mode_override") and refused(part), part
             # At the limit exactly, declared: asked for whole (BUFFERED) and routed.
             body = json.dumps(chat("solve 3x + 5 = 20")).encode()
             body += b" " * (limit - len(body))
@@ -514,7 +519,7 @@ def test_a_body_over_envoys_limit_is_refused_by_its_length_or_by_the_part_envoy_
             assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
             assert set_headers(routed)["x-semantic-route"] == "math"
             after = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "too_large_upload"})
-            assert after == before + 4
+            assert after == before + 5
 
     run(main())
 

@@ -76,7 +76,7 @@ def test_body_above_router_limit_goes_to_default_unparsed(stack):
 
 def test_body_above_envoy_buffer_gets_413(stack):
     """Refused by the router at its content-length, before the upload, in every body mode
-    (tests/integration/test_edge_streamed_uploads.py: the bodies with no length)."""
+    (tests/integration/test_edge_uploads_over_buffer.py: the bodies with no length)."""
     r = post(stack, b'{"model":"auto","messages":[{"role":"user","content":"' + b"x" * (9 * 1024 * 1024) + b'"}]}')
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
