@@ -47,32 +47,23 @@ def too_large(limit: int | None) -> pb.ProcessingResponse:
 
 def declared_over_limit(headers: Mapping[str, str], limit: int | None) -> pb.ProcessingResponse | None:
     """A 413 at the headers for a body whose content-length is over Envoy's own request limit:
-    refused before it is uploaded, in every body mode, and never left to the streamed mode's
-    override (where Envoy can hold it forever: whole_body_mode)."""
+    refused before it is uploaded, in every body mode. Why at the headers: in STREAMED, where
+    more than Envoy's buffer arrived while the router held the headers, Envoy 1.40 stopped reading
+    the upload at its buffer (its watermark) and, asked for the body whole (BUFFERED), waited for
+    an end it would never read, until its request timeout (408); about 1 upload in 20 of 9 MiB on
+    a loaded 2-core machine. A body of unknown length can still meet that stall: asking for it in
+    BUFFERED_PARTIAL instead let the headers go on to routing before a paced upload's end (the
+    route was chosen on the headers alone, measured)."""
     declared = headers.get("content-length", "")
     if limit is None or not declared.isdigit() or int(declared) <= limit:
         return None
     return too_large(limit)
 
 
-def whole_body_mode(headers: Mapping[str, str]) -> int:
-    """The mode a STREAMED gateway is asked to send an LLM call's body in: whole (BUFFERED), or
-    for a body of unknown length, BUFFERED_PARTIAL, which sends what Envoy holds once it is past
-    its buffer (over_limit refuses it). Why not BUFFERED for every body: where more than Envoy's
-    buffer arrived while the headers were with the router, Envoy 1.40 stops reading the upload at
-    its buffer and then waits for the body's end, so the request hangs until the client gives up
-    (measured: about 1 upload in 20 of 9 MiB, chunked or not, on a loaded 2-core machine); a body
-    with a length over the limit never gets that far (declared_over_limit). Why not
-    BUFFERED_PARTIAL for every body: Envoy then drops the content-length, and the backend gets a
-    chunked request where the client sent a framed one."""
-    return replies.BUFFERED if "content-length" in headers else replies.BUFFERED_PARTIAL
-
-
 def over_limit(stream: RequestStream, limit: int | None) -> pb.ProcessingResponse | None:
     """A 413 for a streamed LLM call whose body, asked for whole, came larger than Envoy's own
     request limit: Envoy enforces envoy.max_request_bytes on bodies it buffers from the start, but
-    not on one it buffers after a mode override (measured: a 12 MiB body reached the router), and
-    in BUFFERED_PARTIAL it sends the part it holds past its buffer, without end_of_stream."""
+    not on one it buffers after a mode override (measured: a 12 MiB body reached the router)."""
     if not (stream.streamed and stream.llm_call and not stream.unbuffered) or limit is None \
             or stream.body_bytes <= limit:
         return None
@@ -81,10 +72,9 @@ def over_limit(stream: RequestStream, limit: int | None) -> pb.ProcessingRespons
 
 
 def part_past_buffer(stream: RequestStream, limit: int | None) -> pb.ProcessingResponse | None:
-    """A 413 for a part of an LLM call's body that came without end_of_stream, where that means
-    BUFFERED_PARTIAL's part past Envoy's buffer: always in the gateway's own BUFFERED_PARTIAL
-    mode (the rest would go on to the backend unread: unrouted and unguarded); in STREAMED, only
-    past the limit (over_limit), since below it the part is a refused override's first chunk."""
+    """A 413 for a part of an LLM call's body that came without end_of_stream in the gateway's own
+    BUFFERED_PARTIAL mode: the part Envoy holds past its buffer (the rest would go on to the backend
+    unread: unrouted and unguarded); in STREAMED, one past the limit (over_limit)."""
     if stream.body_mode == replies.BUFFERED_PARTIAL and stream.llm_call:
         stream.body = []
         return too_large(None)

@@ -62,34 +62,30 @@ def _strip(spoofed: bool, also: tuple[str, ...] = ()) -> pb.HeadersResponse:
 # Envoy replaces its whole processing mode with an override: every phase is named.
 _PM = processing_mode_pb2.ProcessingMode
 BUFFERED, STREAMED, FULL_DUPLEX = _PM.BUFFERED, _PM.STREAMED, _PM.FULL_DUPLEX_STREAMED
-STREAMED_CHUNK = 64 * 1024  # a body goes back in streamed answers of at most this much
 BUFFERED_PARTIAL = _PM.BUFFERED_PARTIAL
+STREAMED_CHUNK = 64 * 1024  # a body goes back in streamed answers of at most this much
+# The response's headers are not needed (what is kept must read as a whole chat completion, which
+# no error or encoded body does): one message less per cacheable request.
+_WATCH_RESPONSE = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
+                      response_header_mode=_PM.SKIP, response_body_mode=_PM.STREAMED, response_trailer_mode=_PM.SKIP)
 
 
-def _asked(body_mode: int, watch_response: bool) -> processing_mode_pb2.ProcessingMode:
-    # The response's headers are not needed (what is kept must read as a whole chat completion,
-    # which no error or encoded body does): one message less per cacheable request.
-    return _PM(request_header_mode=_PM.SEND, request_body_mode=body_mode, request_trailer_mode=_PM.SKIP,
-               response_header_mode=_PM.SKIP, response_trailer_mode=_PM.SKIP,
-               response_body_mode=_PM.STREAMED if watch_response else _PM.NONE)
-
-
-# A mode override is asked for with a request body mode: BUFFERED where the gateway buffers anyway,
-# or for STREAMED request bodies (Envoy Gateway's `Streamed`), where Envoy sends the headers on to
-# routing as soon as they are answered, an LLM call's body whole (service._whole_body_mode says how),
-# and the headers wait for it.
-_OVERRIDES = {(mode, watch): _asked(mode, watch) for mode in (BUFFERED, BUFFERED_PARTIAL) for watch in (False, True)}
+# STREAMED request bodies (Envoy Gateway's `Streamed`): Envoy sends the headers on to routing as soon
+# as they are answered, so an LLM call's body is asked for whole instead, and the headers wait for it.
+_BUFFER_REQUEST = _PM(request_header_mode=_PM.SEND, request_body_mode=_PM.BUFFERED, request_trailer_mode=_PM.SKIP,
+                      response_header_mode=_PM.SKIP, response_body_mode=_PM.NONE, response_trailer_mode=_PM.SKIP)
 
 
 def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[str, ...] = (),
-                     body_mode: int | None = None) -> pb.ProcessingResponse:
+                     buffer_body: bool = False) -> pb.ProcessingResponse:
     """`watch_response`: Envoy also sends the response's body as it streams through (the response
     cache keeps it); asked for at the headers phase, the only one where Envoy takes it. `also`:
-    more headers to strip (the configured standard ones). `body_mode`: the request body is asked
-    for whole in this mode (STREAMED gateways; None: as the gateway sends it)."""
-    if watch_response or body_mode is not None:
-        override = _OVERRIDES[(body_mode or BUFFERED, watch_response)]
-        return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=override)
+    more headers to strip (the configured standard ones). `buffer_body`: the body is asked for whole
+    (STREAMED mode; watching the response asks for that too)."""
+    if watch_response:
+        return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_WATCH_RESPONSE)
+    if buffer_body:
+        return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_BUFFER_REQUEST)
     return pb.ProcessingResponse(request_headers=_strip(spoofed, also))
 
 

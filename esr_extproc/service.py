@@ -16,7 +16,7 @@ from esr_cache.exchange import CacheExchange
 from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limit, part_past_buffer, refused_override,
-                                    too_late_to_route, whole_body_mode)
+                                    too_late_to_route)
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -199,7 +199,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # mode override in full duplex (measured: the answer never came): there an answer is kept
         # only by the keeper, or where the gateway's own config sends the router response bodies.
         watch = stream.cache is not None and not stream.cache.kept_by_envoy and not stream.duplex
-        return replies.headers_continue(spoofed, watch, standard, whole_body_mode(h) if stream.streamed else None)
+        return replies.headers_continue(spoofed, watch, standard, buffer_body=stream.streamed)
 
     async def _on_body(self, stream: RequestStream) -> pb.ProcessingResponse:
         if self.tracing is None:

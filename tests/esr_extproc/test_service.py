@@ -447,22 +447,17 @@ def test_full_duplex_holds_the_headers_answer_until_the_body_is_whole():
 def test_streamed_bodies_are_asked_for_whole_and_a_refused_override_is_never_a_misroute():
     streamed = processing_mode_pb2.ProcessingMode.STREAMED
 
-    def first(path="/v1/chat/completions", extra=()):
-        msg = headers_msg(path=path, extra=extra)
+    def first(path="/v1/chat/completions"):
+        msg = headers_msg(path=path)
         msg.protocol_config.request_body_mode = streamed
         return msg
 
     async def main():
         async with Harness() as h:
-            # An LLM call: the headers answer asks for the whole body (a body of unknown length in
-            # BUFFERED_PARTIAL: body_modes.whole_body_mode), then the route follows it.
-            body = body_msg(chat("solve 3x + 5 = 20"))
-            for extra, asked in [((), processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL),
-                                 ([("content-length", str(len(body.request_body.body)))],
-                                  processing_mode_pb2.ProcessingMode.BUFFERED)]:
-                answer, routed = await h.exchange(first(extra=extra), body)
-                assert answer.mode_override.request_body_mode == asked
-                assert set_headers(routed)["x-semantic-route"] == "math" and routed.request_body.response.clear_route_cache
+            # An LLM call: the headers answer asks for the whole body, then the route follows it.
+            answer, routed = await h.exchange(first(), body_msg(chat("solve 3x + 5 = 20")))
+            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
+            assert set_headers(routed)["x-semantic-route"] == "math" and routed.request_body.response.clear_route_cache
             # Any other path streams past untouched.
             (other,) = await h.exchange(first("/v1/models"))
             assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
@@ -501,17 +496,17 @@ def test_a_body_over_envoys_limit_is_refused_by_its_length_or_by_the_part_envoy_
                 # Declared over the limit: refused at the headers, in every body mode.
                 (answer,) = await h.exchange(headers(mode, [("content-length", str(limit + 1))]))
                 assert refused(answer), answer
-            # Of unknown length, streamed: BUFFERED_PARTIAL sends what Envoy holds past its buffer.
+            # Of unknown length, streamed: a chunk past the limit (the override refused) is refused.
             answer, part = await h.exchange(headers(processing_mode_pb2.ProcessingMode.STREAMED),
                                             body_msg(b"{" + b" " * limit, end_of_stream=False))
-            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
+            assert answer.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
             assert refused(part), part
             # The gateway's own BUFFERED_PARTIAL: a part without end_of_stream is past its buffer,
             # whatever the router's limit (the rest would reach the backend unread).
             answer, part = await h.exchange(headers(processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL),
                                             body_msg(b"{" + b" " * 100, end_of_stream=False))
             assert not answer.HasField("mode_override") and refused(part), part
-            # At the limit exactly, declared: asked for whole (BUFFERED) and routed.
+            # At the limit exactly, declared: routed.
             body = json.dumps(chat("solve 3x + 5 = 20")).encode()
             body += b" " * (limit - len(body))
             answer, routed = await h.exchange(headers(processing_mode_pb2.ProcessingMode.STREAMED,

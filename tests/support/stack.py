@@ -25,6 +25,7 @@ SESSION_DEADLINE_MS = 30000
 
 # The body mode this run's stacks use (make test runs the suite in both; devstack.stack_with).
 DUPLEX = os.environ.get(BODY_MODE_ENV) == "full_duplex_streamed"
+BUFFERED = os.environ.get(BODY_MODE_ENV, "buffered") in ("", "buffered")
 
 
 def assert_framed(headers: dict, body_bytes: int) -> None:
