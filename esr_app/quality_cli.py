@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from esr_app.routing_build import static_encoder, static_tier, static_tier_on
+from esr_app.routing_build import static_embedding, static_encoder, static_tier, static_tier_on
 from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
 from esr_settings import replace_at
 
@@ -314,16 +314,19 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
 
 def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], labels, intents):
     """The cascade's first tier fitted to the fitted encoder's decisions (esr_tuning/static_fit.py).
-    -> the result with it in its config and notes, its head (None: a similarity config's), and the
-    tier as the server would run it."""
+    -> the result with it in its config and notes, the StaticFit (its head, None: a similarity
+    config's; its trained table rows), and the tier as the server would run it."""
     from esr_tuning.evaluation import routed_texts_of
-    from esr_tuning.static_fit import fit_head_tier, fit_similarity_tier
+    from esr_tuning.static_fit import cleared, fit_head_tier, fit_similarity_tier
     from router.static_tier import StaticTier
 
-    encode = static_encoder(result.config)
+    static = static_embedding(cleared(result.config))  # the distilled table: a head config's rows train over it
+    encode = static.encode
     routed = routed_texts_of(result.config, texts)
     if result.config.classifier.method == "head":
-        fitted = fit_head_tier(result.config, classifier, embeddings, encode(routed), labels, intents, encode)
+        fitted = fit_head_tier(result.config, classifier, embeddings, routed, labels, intents, static)
+        if fitted.table is not None:
+            encode = static.with_rows(fitted.table.rows, fitted.table.vectors).encode
     else:
         known = dict(zip(routed, embeddings))
 
@@ -336,17 +339,24 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
         fitted = fit_similarity_tier(result.config, embed, encode, routed)
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
     tier = StaticTier(fitted.config, encode, fitted.head)
-    return result, fitted.head, tier
+    return result, fitted, tier
 
 
-def _with_heads(config: RouterConfig, out: Path, head, static_head) -> RouterConfig:
-    """`config` naming the heads fit trained, each saved beside `out` (None: none trained)."""
+def _with_heads(config: RouterConfig, out: Path, head, static=None) -> RouterConfig:
+    """`config` naming what fit trained, each saved beside `out`: the encoder's head, and the static
+    tier's head and table rows (`static`: a StaticFit; None, or None in it: none trained)."""
+    from esr_model.static_embedding import save_trained
+
     for trained, suffix, key in ((head, ".head.npz", "classifier.head_path"),
-                                 (static_head, ".static-head.npz", "static_tier.head_path")):
+                                 (static and static.head, ".static-head.npz", "static_tier.head_path")):
         if trained is not None:
             path = out.with_suffix(suffix)
             trained.save(path)
             config = replace_at(config, key, str(path.resolve()))
+    if static is not None and static.table is not None:
+        path = out.with_suffix(".static-table.npz")
+        save_trained(path, static.table.rows, static.table.vectors, static.table.source)
+        config = replace_at(config, "static_tier.table_path", str(path.resolve()))
     return config
 
 
@@ -367,9 +377,9 @@ def _fit_static_only(args: argparse.Namespace, config: RouterConfig) -> int:
         labels = intents = None
     encoder, classifier = offline(config)
     embeddings = encoder.encode(routed_texts_of(config, texts))
-    result, head, _ = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts, labels,
-                                       intents)
-    write_config(_with_heads(result.config, args.out, None, head), args.out, leading_comments(args.config))
+    result, static, _ = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts, labels,
+                                         intents)
+    write_config(_with_heads(result.config, args.out, None, static), args.out, leading_comments(args.config))
     for note in result.notes:
         print(note)
     print(f"wrote {args.out}")
@@ -388,7 +398,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         return cmd_fit_guard(args, config, guard)
     if args.static_only:
         return _fit_static_only(args, config)
-    static_head = None  # the cascade's first tier's head, where fit trains one
+    static_fit = None  # the cascade's first tier, where fit fits one (its head and table rows are saved)
     options = dict(with_head=args.head, tune_top_k=args.top_k, objective=args.objective,
                    min_default_recall=args.min_default_recall, per_route=not args.shared_threshold,
                    head_score=None if args.head_score == "auto" else args.head_score,
@@ -410,14 +420,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
         static = None
         if static_tier_on(result.config):
-            from esr_tuning.static_fit import fit_conversation_tier
+            from esr_tuning.static_fit import cleared, fit_conversation_tier
             from router.static_tier import StaticTier
 
-            encode = static_encoder(result.config)
-            tier_fit = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
-            result = dataclasses.replace(result, config=tier_fit.config, notes=result.notes + tier_fit.notes)
-            static_head = tier_fit.head
-            static = StaticTier(tier_fit.config, encode, tier_fit.head)
+            encode = static_encoder(cleared(result.config))
+            static_fit = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
+            result = dataclasses.replace(result, config=static_fit.config, notes=result.notes + static_fit.notes)
+            static = StaticTier(static_fit.config, encode, static_fit.head)
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)
@@ -433,8 +442,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         fitted_classifier = RouteClassifier(result.config, encoder.encode, head=result.head)
         static = None
         if static_tier_on(result.config):
-            result, static_head, static = _fit_static_tier(result, fitted_classifier, encoder, embeddings, data.texts,
-                                                           data.labels, data.intents if args.head else None)
+            result, static_fit, static = _fit_static_tier(result, fitted_classifier, encoder, embeddings, data.texts,
+                                                          data.labels, data.intents if args.head else None)
         after = _report(fitted_classifier, embeddings, data, result.config, static)
         semantic = _semantic_cache_report(result.config, fitted_classifier, encoder, data, embeddings)
         if semantic is not None:
@@ -445,7 +454,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             result = dataclasses.replace(result, config=replace_at(result.config, "cache", semantic_thresholds=tuned))
 
     head_file = args.out.with_suffix(".head.npz")
-    write_config(_with_heads(result.config, args.out, result.head, static_head), args.out, leading_comments(args.config))
+    write_config(_with_heads(result.config, args.out, result.head, static_fit), args.out, leading_comments(args.config))
 
     for note in result.notes:
         print(note)

@@ -99,9 +99,9 @@ def static_tier(config: RouterConfig, encode=None) -> StaticTier | None:
     return StaticTier(config, encode or static_encoder(config))
 
 
-def static_encoder(config: RouterConfig):
-    """The static embedding of `config`'s encoder model (StaticEncoder.encode), reading the tokens
-    the encoder reads."""
+def static_embedding(config: RouterConfig):
+    """The static embedding of `config`'s encoder model (a StaticEncoder), reading the tokens the
+    encoder reads, with the rows fit trained for it (static_tier.table_path)."""
     from esr_model.location import resolve_model
     from esr_model.onnx_encoder import model_max_seq_length
     from esr_model.static_embedding import StaticEncoder
@@ -111,7 +111,13 @@ def static_encoder(config: RouterConfig):
         raise ValueError(f"static_tier.enabled: {config.encoder.model!r} is not a local model directory "
                          "to distil a static embedding from (set static_tier.enabled: false)")
     limit = model_max_seq_length(model_dir)
-    return StaticEncoder(model_dir, min(config.encoder.max_seq_length or limit, limit), config.requests.truncate).encode
+    return StaticEncoder(model_dir, min(config.encoder.max_seq_length or limit, limit), config.requests.truncate,
+                         trained=config.static_tier.table_path)
+
+
+def static_encoder(config: RouterConfig):
+    """static_embedding(config).encode: what the static tier calls."""
+    return static_embedding(config).encode
 
 
 def service_settings(config: RouterConfig, engine: RoutingEngine) -> ServiceSettings:

@@ -6,11 +6,14 @@ through the encoder's ONNX export alone between [CLS] and [SEP]; the vectors are
 `DIMENSIONS` by PCA, and scaled by a Zipf estimate of how rare the token is (frequent tokens say
 least; WordPiece vocabularies are roughly in frequency order). ONNX Runtime only: no torch, no data.
 Stored beside the export, with the digest of the weights it came from, so a fine-tuned model gets
-its own table.
+its own table. A head config's fit may then train the rows of the tokens its examples use
+(esr_tuning/static_table.py): stored beside the config (static_tier.table_path), laid over this
+table at load, and refused where the table they were trained from is not this one.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -110,13 +113,15 @@ def _specials(tokenizer) -> tuple[int, int]:
 class StaticEncoder:
     """Embeds texts as the unit mean of their tokens' static vectors: tokenization and a gather,
     microseconds a prompt, safe on the event loop for texts the request reader has already cut
-    (requests.prompt_max_tokens). Reads the same tokens of a long text as the encoder (`keep`)."""
+    (requests.prompt_max_tokens). Reads the same tokens of a long text as the encoder (`keep`).
+    `trained`: a file of trained rows (save_trained) laid over the distilled table."""
 
-    def __init__(self, model_dir: str | Path, max_tokens: int = 256, keep: Keep = "head"):
+    def __init__(self, model_dir: str | Path, max_tokens: int = 256, keep: Keep = "head", trained: str | None = None):
         from tokenizers import Tokenizer
 
         with np.load(ensure_static(model_dir), allow_pickle=False) as data:
             self.table = data["table"]
+            self.source = str(data["source"])  # what the rows trained over it must have been trained from
         self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
@@ -124,13 +129,44 @@ class StaticEncoder:
         self.max_tokens = max_tokens  # the encoder's window, [CLS] and [SEP] included
         self.keep = keep
         self.dimension = self.table.shape[1]
+        if trained is not None:
+            rows, vectors = load_trained(trained, self.source)
+            self.table = self.table.copy()
+            self.table[rows] = vectors
+
+    def with_rows(self, rows: np.ndarray, vectors: np.ndarray) -> "StaticEncoder":
+        """This encoder with `rows` of its table replaced by `vectors` (fit's trained rows)."""
+        other = copy.copy(self)
+        other.table = self.table.copy()
+        other.table[rows] = vectors
+        return other
+
+    def token_ids(self, text: str) -> list[int]:
+        """The tokens the encoder reads of `text` (its own cut), less [CLS] and [SEP], which say nothing."""
+        return cut_ids(self.words.ids(text), self.max_tokens, self.keep)[1:-1]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for i, text in enumerate(texts):  # one at a time: encode_batch's thread pool costs more than it saves here
-            # The tokens the encoder reads of it (its own cut), less [CLS] and [SEP], which say nothing.
-            ids = cut_ids(self.words.ids(text), self.max_tokens, self.keep)[1:-1]
+            ids = self.token_ids(text)
             if ids:
                 out[i] = self.table[ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms == 0, 1.0, norms)
+
+
+def save_trained(path: str | Path, rows: np.ndarray, vectors: np.ndarray, source: str) -> None:
+    """Trained rows of the table whose StaticEncoder.source is `source`."""
+    np.savez(path, rows=rows.astype(np.int64), vectors=vectors.astype(np.float32), source=np.asarray(source))
+
+
+def load_trained(path: str | Path, source: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            rows, vectors, trained_from = data["rows"], data["vectors"], str(data["source"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"static_tier.table_path: cannot read {path}: {exc}") from None
+    if trained_from != source:
+        raise ValueError(f"static_tier.table_path: {path} was trained over another encoder's static table "
+                         "(a new or re-exported model): fit the static tier again (fit --static-only)")
+    return rows, vectors

@@ -221,19 +221,26 @@ def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, em
     return best[1], best[2]
 
 
-def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
-                holdout: float, seed: int) -> tuple[LinearHead, np.ndarray, np.ndarray]:
-    """The head learns the routes (or their finer intents) from in-scope examples only; the
-    default route is whatever scores below threshold, so its examples serve to tune that."""
+def head_split(config: RouterConfig, labels: list[str], intents: list[str] | None, holdout: float, seed: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(the examples a head learns from: in-scope, `holdout` of each intent held out; the rest,
+    the default route's examples among them)."""
     default = config.default_route.name
     fine = intents or labels
     in_scope = np.asarray([i for i, label in enumerate(labels) if label != default])
     out_scope = np.asarray([i for i, label in enumerate(labels) if label == default], dtype=np.int64)
     train_rel, tune_rel = _split([fine[i] for i in in_scope], holdout, seed) if holdout > 0 else (
         np.arange(len(in_scope)), np.arange(0))
-    train_idx = in_scope[train_rel]
-    tune_idx = np.concatenate([in_scope[tune_rel], out_scope])
-    route_of = {fine[i]: labels[i] for i in in_scope}
+    return in_scope[train_rel], np.concatenate([in_scope[tune_rel], out_scope])
+
+
+def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
+                holdout: float, seed: int) -> tuple[LinearHead, np.ndarray, np.ndarray]:
+    """The head learns the routes (or their finer intents) from in-scope examples only; the
+    default route is whatever scores below threshold, so its examples serve to tune that."""
+    fine = intents or labels
+    train_idx, tune_idx = head_split(config, labels, intents, holdout, seed)
+    route_of = {fine[i]: labels[i] for i in train_idx}
     classes = sorted({fine[i] for i in train_idx})
     head = train_head(embeddings[train_idx], [fine[i] for i in train_idx], classes,
                       routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed)

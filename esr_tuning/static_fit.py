@@ -20,7 +20,8 @@ from router.head import LinearHead
 from router.conversation import deciding_turn
 from router.static_tier import margins, own_turn_lead, prototype_similarity, route_accepts, static_classifier
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
-from esr_tuning.fit import _train_head, label_indices, tune_thresholds
+from esr_tuning.fit import _train_head, head_split, label_indices, tune_thresholds
+from esr_tuning.static_table import StaticTable, TrainedRows, train_rows
 
 # At most this share of the decisions the static tier keeps for a route may differ from the encoder's.
 MAX_DISAGREEMENT = 0.004
@@ -39,29 +40,39 @@ class StaticFit:
     config: RouterConfig
     head: LinearHead | None
     notes: list[str]
+    table: TrainedRows | None = None  # rows trained over the distilled table (a head config's)
 
 
 def cleared(config: RouterConfig) -> RouterConfig:
     """`config` with no static tier fitted yet."""
     return dataclasses.replace(config, static_tier=dataclasses.replace(
-        config.static_tier, thresholds={}, accept={}, head_path=None, min_similarity=None))
+        config.static_tier, thresholds={}, accept={}, head_path=None, table_path=None, min_similarity=None))
 
 
-def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, static_vectors: np.ndarray,
-                  labels: list[str], intents: list[str] | None, static_encode, holdout: float = 0.2,
+def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, texts: list[str],
+                  labels: list[str], intents: list[str] | None, static: StaticTable, holdout: float = 0.2,
                   seed: int = 0) -> StaticFit:
-    """A head config's tier: a static head trained on fit's split (`_train_head`), its margins set
-    on the held-out rest against `encoder`'s choices."""
+    """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
+    a static head trained on the same split (`_train_head`), its margins set on the held-out rest
+    against `encoder`'s choices. `texts`: as routed; `static`: the distilled table's encoder."""
     base = cleared(config)
+    fine = intents or labels
+    train_idx, _ = head_split(base, labels, intents, holdout, seed)
+    table = dataclasses.replace(train_rows(static.table, [static.token_ids(texts[i]) for i in train_idx],
+                                           [fine[i] for i in train_idx], seed=seed), source=static.source)
+    static = static.with_rows(table.rows, table.vectors)
+    static_vectors = static.encode(texts)
     head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
-    classifier = static_classifier(base, static_encode, head)
+    classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
                                 encoder.choose(encoder.scores(embeddings[held])), truth)
     head = head.with_prototypes(static_vectors[train], [(intents or labels)[i] for i in train])
-    fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static_encode, head), static_vectors[held],
+    fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static.encode, head), static_vectors[held],
                                        truth)
-    return StaticFit(fitted, head, notes + more)  # not retrained on the held-out part: see fit_conversation_tier
+    notes.append(f"static tier: {len(table.rows)} rows of its table trained on {len(train_idx)} examples")
+    # Not retrained on the held-out part (table or head): see fit_conversation_tier.
+    return StaticFit(fitted, head, notes + more, table)
 
 
 def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vectors: np.ndarray, truth: np.ndarray

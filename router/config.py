@@ -231,6 +231,9 @@ class StaticTierConfig:
     # transformer little, and the tier's accuracy would buy nothing: docs/static-tier.md).
     enabled: bool | Literal["auto"] = "auto"
     head_path: str | None = None  # classifier.method head: the static tier's head (fit); None: trained on the utterances
+    # classifier.method head: the rows of the static table fit trained on the examples (over the
+    # distilled table: esr_tuning/static_table.py); None: the distilled table alone.
+    table_path: str | None = None
     # A route's threshold for the static scores (fit tunes them); a route not named: its own threshold.
     thresholds: dict = field(default_factory=dict)
     # How far the static tier's choice must lead the runner-up for it to stand, by the route chosen

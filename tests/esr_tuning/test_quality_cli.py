@@ -38,6 +38,10 @@ def test_fit_head_writes_a_config_that_serves(data):
     assert "head_score=probability" in out.stdout and "head_score=energy" in out.stdout
     assert load_config(out_cfg).classifier.head_score in {"probability", "energy"}
     assert (data / "fitted.head.npz").exists()
+    # The static tier (on by default on the CPU): its head and the table rows trained for it.
+    fitted = load_config(out_cfg).static_tier
+    assert fitted.head_path == str(data / "fitted.static-head.npz") and fitted.table_path == str(data / "fitted.static-table.npz")
+    assert "rows of its table trained on" in out.stdout
     ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["accuracy"] >= 0.8
