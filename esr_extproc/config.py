@@ -86,16 +86,18 @@ class ServerConfig:
 
     def shed_wait_s(self, static_tier: bool) -> float:
         """shed_wait_ms resolved, in seconds (0: never). Unset, it depends on who can still route a
-        late request (docs/static-tier.md#overload). With a static tier, 60% of Envoy's message
-        timeout (600 ms at the default deadline): the tier decides what it is sure of even past the
-        deadline, so a late request is worth reading. Without one, 70% of the deadline (350 ms):
+        late request (docs/static-tier.md#overload). With a static tier, 55% of Envoy's message
+        timeout (550 ms at the default deadline): the tier decides what it is sure of even past the
+        deadline, so a late request is worth reading, but one read later is answered after the
+        p99 the cascade keeps (c512, the trained table, 3 trials: 600 ms p99 661-669 ms, 550 ms
+        601-638 ms, goodput the same). Without one, 70% of the deadline (350 ms):
         a request read later has too little of its budget left for the encoder, and would cost a
         parse only to fall back to the default route, where a shed one goes too (at c512 on two
         cores, encoder only: goodput 216-225 req/s at 350 ms against 101-164 at 600 ms; 250 ms
         shed more and routed 180-214)."""
         if self.shed_wait_ms is not None:
             return self.shed_wait_ms / 1000.0
-        return (0.6 * self.message_timeout_ms if static_tier else 0.7 * self.deadline_ms) / 1000.0
+        return (0.55 * self.message_timeout_ms if static_tier else 0.7 * self.deadline_ms) / 1000.0
 
     @property
     def message_timeout_ms(self) -> int:

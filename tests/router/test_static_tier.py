@@ -171,7 +171,7 @@ def test_a_router_with_a_static_tier_reads_a_late_request_that_one_without_sheds
     cfg = config(static_tier={"enabled": True, "accept": {"math": 0.5, "code": 0.5}})
     tiered = RoutingEngine(cfg, Recording(), RouteClassifier(cfg, encode), static=StaticTier(cfg, encode))
     alone = RoutingEngine(cfg, Recording(), RouteClassifier(cfg, encode))
-    assert service_settings(cfg, tiered).shed_wait_s == pytest.approx(0.6 * cfg.server.message_timeout_ms / 1000)
+    assert service_settings(cfg, tiered).shed_wait_s == pytest.approx(0.55 * cfg.server.message_timeout_ms / 1000)
     assert service_settings(cfg, alone).shed_wait_s == pytest.approx(0.7 * cfg.server.deadline_ms / 1000)
     for ms in (250.0, 0.0):  # set: the same whoever serves
         set_wait = config(static_tier={"enabled": True, "accept": {"math": 0.5}}, server={"shed_wait_ms": ms})
