@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from esr_app.routing_build import static_embedding, static_encoder, static_tier, static_tier_on
+from esr_app.routing_build import static_embedding, static_tier, static_tier_on
 from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
 from esr_settings import replace_at
 
@@ -423,10 +423,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
             from esr_tuning.static_fit import cleared, fit_conversation_tier
             from router.static_tier import StaticTier
 
-            encode = static_encoder(cleared(result.config))
-            static_fit = fit_conversation_tier(result.config, fitted_classifier, encode, dialogues, vectors)
+            embedding = static_embedding(cleared(result.config))
+            static_fit = fit_conversation_tier(result.config, fitted_classifier, embedding, dialogues, vectors)
+            if static_fit.table is not None:
+                embedding = embedding.with_rows(static_fit.table.rows, static_fit.table.vectors)
             result = dataclasses.replace(result, config=static_fit.config, notes=result.notes + static_fit.notes)
-            static = StaticTier(static_fit.config, encode, static_fit.head)
+            static = StaticTier(static_fit.config, embedding.encode, static_fit.head)
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)

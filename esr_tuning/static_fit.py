@@ -174,9 +174,10 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
     return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes
 
 
-def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static_encode, dialogues,
+def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static: StaticTable, dialogues,
                           vectors: dict, holdout: float = 0.2, seed: int = 0) -> StaticFit:
-    """On conversations: the static head learns every user turn of most dialogues, and its margins
+    """On conversations: the table's rows (from `static`, the distilled table) and then the static
+    head learn every user turn of most dialogues, and its margins
     are set on the requests of the rest, each decided as the server decides a conversation (the
     deciding turn's choice and lead, router/static_tier.py) against the encoder's decision for the
     same request. Margins set on single turns would not hold: a short follow-up both tiers get
@@ -186,18 +187,24 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     base = cleared(config)
     gate = config.conversation.gate
     train, tune = split_dialogues(dialogues, holdout, seed)
-    static: dict[str, np.ndarray] = {}
-
-    def embed(texts) -> np.ndarray:
-        missing = [t for t in dict.fromkeys(texts) if t not in static]
-        if missing:
-            static.update(zip(missing, static_encode(missing)))
-        return np.stack([static[t] for t in texts])
 
     def turns(ds) -> tuple[list[str], list[str]]:
         return [texts[-1] for d in ds for texts in d.routed(config)], [label for d in ds for label in d.labels]
 
-    head = None
+    head, table = None, None
+    if config.classifier.method == "head":
+        texts, labels = turns(train)
+        table = dataclasses.replace(train_rows(static.table, [static.token_ids(t) for t in texts], labels, seed=seed),
+                                    source=static.source)
+        static = static.with_rows(table.rows, table.vectors)
+    known: dict[str, np.ndarray] = {}
+
+    def embed(texts) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in known]
+        if missing:
+            known.update(zip(missing, static.encode(missing)))
+        return np.stack([known[t] for t in texts])
+
     if config.classifier.method == "head":
         head, _, _ = _train_head(base, embed(turns(train)[0]), turns(train)[1], None, 0.0, seed)
     classifier = static_classifier(base, embed, head)
@@ -218,7 +225,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     fitted, notes = accept_margins(tuned, np.asarray(choices), np.asarray(lead), np.asarray(agree_with))
     # The head keeps the margins' held-out dialogues unseen: retrained on them too, it would be surer
     # of exactly the turns the margins were measured on, and the margins would no longer be its own.
-    return StaticFit(fitted, head, notes)
+    return StaticFit(fitted, head, notes, table)
 
 
 def _shifted_weights(truth: np.ndarray) -> np.ndarray:

@@ -1,11 +1,13 @@
-"""Trains the static tier's token table on a head config's training examples (fastText's method,
-started from the table distilled from the encoder): the rows of the tokens the examples use move
-so that a text's mean vector separates its intents. Numpy only, a few seconds on one core.
+"""Trains the static tier's token table on a head config's examples or conversation turns
+(fastText's method, started from the table distilled from the encoder): the rows of the tokens the
+examples use move so that a text's mean vector separates their labels. Numpy only, a few seconds
+on one core.
 
 Why: distilled without data, the table knows which tokens the encoder reads alike, not which of
 them tell this config's routes apart. CLINC150 recipe, val (`make clinc150`, then fit
---static-only): the tier decided 62.7% of prompts with a distilled table and 78.3% with a trained
-one, cascade accuracy 0.9632 against 0.9645 (the encoder alone: 0.9616)."""
+--static-only): the tier decided 62.7% of prompts with the distilled table and 77.5% with a
+trained one, cascade accuracy 0.9632 against 0.9645 (the encoder alone: 0.9616). SGD dev: 25.3%
+against 31.9% of user turns, 0.9292 against 0.9291 (the encoder alone: 0.9312)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ def test_fit_on_conversations_tunes_a_gate_that_keeps_follow_ups_on_their_route(
     # Both head scores were weighed; SGD has no default-route examples, so on plain accuracy.
     assert "head_score=probability: accuracy" in out.stdout and "head_score=energy: accuracy" in out.stdout
     assert (sgd / "fitted.yaml").read_text().startswith("# Generated from the Schema-Guided Dialogue")  # credit kept
+    # The static tier (on by default on the CPU): a head and table rows trained on the turns, both served.
+    assert fitted.static_tier.head_path and fitted.static_tier.table_path == str(sgd / "fitted.static-table.npz")
     after = cli("eval", "--config", str(sgd / "fitted.yaml"), "--data", str(sgd / "dev.jsonl"), "--json")
     assert after.returncode == 0, after.stderr
     report = json.loads(after.stdout)
