@@ -325,8 +325,7 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
     routed = routed_texts_of(result.config, texts)
     if result.config.classifier.method == "head":
         fitted = fit_head_tier(result.config, classifier, embeddings, routed, labels, intents, static)
-        if fitted.table is not None:
-            encode = static.with_rows(fitted.table.rows, fitted.table.vectors).encode
+        encode = (fitted.embedding or static).encode
     else:
         known = dict(zip(routed, embeddings))
 
@@ -425,10 +424,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
             embedding = static_embedding(cleared(result.config))
             static_fit = fit_conversation_tier(result.config, fitted_classifier, embedding, dialogues, vectors)
-            if static_fit.table is not None:
-                embedding = embedding.with_rows(static_fit.table.rows, static_fit.table.vectors)
             result = dataclasses.replace(result, config=static_fit.config, notes=result.notes + static_fit.notes)
-            static = StaticTier(static_fit.config, embedding.encode, static_fit.head)
+            static = StaticTier(static_fit.config, (static_fit.embedding or embedding).encode, static_fit.head)
         after = _conversation_report(result.config, fitted_classifier, dialogues, vectors, static)
     else:
         data = _labelled(config, args.data)

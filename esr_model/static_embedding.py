@@ -130,15 +130,12 @@ class StaticEncoder:
         self.keep = keep
         self.dimension = self.table.shape[1]
         if trained is not None:
-            rows, vectors = load_trained(trained, self.source)
-            self.table = self.table.copy()
-            self.table[rows] = vectors
+            self.table = _laid_over(self.table, *load_trained(trained, self.source))
 
     def with_rows(self, rows: np.ndarray, vectors: np.ndarray) -> "StaticEncoder":
         """This encoder with `rows` of its table replaced by `vectors` (fit's trained rows)."""
         other = copy.copy(self)
-        other.table = self.table.copy()
-        other.table[rows] = vectors
+        other.table = _laid_over(self.table, rows, vectors)
         return other
 
     def token_ids(self, text: str) -> list[int]:
@@ -153,6 +150,13 @@ class StaticEncoder:
                 out[i] = self.table[ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms == 0, 1.0, norms)
+
+
+def _laid_over(table: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """A copy of `table` with `rows` replaced by `vectors`: the distilled table, loaded once, is never written."""
+    out = table.copy()
+    out[rows] = vectors
+    return out
 
 
 def save_trained(path: str | Path, rows: np.ndarray, vectors: np.ndarray, source: str) -> None:

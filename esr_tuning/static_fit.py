@@ -21,7 +21,7 @@ from router.conversation import deciding_turn
 from router.static_tier import margins, own_turn_lead, prototype_similarity, route_accepts, static_classifier
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from esr_tuning.fit import _train_head, head_split, label_indices, tune_thresholds
-from esr_tuning.static_table import StaticTable, TrainedRows, train_rows
+from esr_tuning.static_table import StaticTable, TrainedRows, train_over
 
 # At most this share of the decisions the static tier keeps for a route may differ from the encoder's.
 MAX_DISAGREEMENT = 0.004
@@ -41,6 +41,7 @@ class StaticFit:
     head: LinearHead | None
     notes: list[str]
     table: TrainedRows | None = None  # rows trained over the distilled table (a head config's)
+    embedding: StaticTable | None = None  # what the tier serves with (the rows laid over); None: the one fit was given
 
 
 def cleared(config: RouterConfig) -> RouterConfig:
@@ -58,9 +59,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     base = cleared(config)
     fine = intents or labels
     train_idx, _ = head_split(base, labels, intents, holdout, seed)
-    table = dataclasses.replace(train_rows(static.table, [static.token_ids(texts[i]) for i in train_idx],
-                                           [fine[i] for i in train_idx], seed=seed), source=static.source)
-    static = static.with_rows(table.rows, table.vectors)
+    table, static = train_over(static, [texts[i] for i in train_idx], [fine[i] for i in train_idx], seed)
     static_vectors = static.encode(texts)
     head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
     classifier = static_classifier(base, static.encode, head)
@@ -72,7 +71,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
                                        truth)
     notes.append(f"static tier: {len(table.rows)} rows of its table trained on {len(train_idx)} examples")
     # Not retrained on the held-out part (table or head): see fit_conversation_tier.
-    return StaticFit(fitted, head, notes + more, table)
+    return StaticFit(fitted, head, notes + more, table, static)
 
 
 def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vectors: np.ndarray, truth: np.ndarray
@@ -191,12 +190,10 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     def turns(ds) -> tuple[list[str], list[str]]:
         return [texts[-1] for d in ds for texts in d.routed(config)], [label for d in ds for label in d.labels]
 
+    train_texts, train_labels = turns(train)
     head, table = None, None
     if config.classifier.method == "head":
-        texts, labels = turns(train)
-        table = dataclasses.replace(train_rows(static.table, [static.token_ids(t) for t in texts], labels, seed=seed),
-                                    source=static.source)
-        static = static.with_rows(table.rows, table.vectors)
+        table, static = train_over(static, train_texts, train_labels, seed)
     known: dict[str, np.ndarray] = {}
 
     def embed(texts) -> np.ndarray:
@@ -206,7 +203,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
         return np.stack([known[t] for t in texts])
 
     if config.classifier.method == "head":
-        head, _, _ = _train_head(base, embed(turns(train)[0]), turns(train)[1], None, 0.0, seed)
+        head, _, _ = _train_head(base, embed(train_texts), train_labels, None, 0.0, seed)
     classifier = static_classifier(base, embed, head)
     texts = turns(tune)[0]
     tuned = with_thresholds(base, classifier, classifier.scores(embed(texts)),
@@ -225,7 +222,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     fitted, notes = accept_margins(tuned, np.asarray(choices), np.asarray(lead), np.asarray(agree_with))
     # The head keeps the margins' held-out dialogues unseen: retrained on them too, it would be surer
     # of exactly the turns the margins were measured on, and the margins would no longer be its own.
-    return StaticFit(fitted, head, notes, table)
+    return StaticFit(fitted, head, notes, table, static)
 
 
 def _shifted_weights(truth: np.ndarray) -> np.ndarray:

@@ -113,3 +113,11 @@ def train_rows(table: np.ndarray, token_ids: Sequence[Sequence[int]], labels: Se
             adam_b.step(bias, d_logits.sum(axis=0, keepdims=True))
             adam_rows.step(rows, d_rows, touched)
     return TrainedRows(used, rows)
+
+
+def train_over(static: StaticTable, texts: Sequence[str], labels: Sequence[str], seed: int = 0
+               ) -> tuple[TrainedRows, StaticTable]:
+    """(`static`'s rows trained on `texts` and their `labels`, marked with its source; `static`
+    with them laid over its table)."""
+    trained = train_rows(static.table, [static.token_ids(t) for t in texts], labels, seed=seed)
+    return TrainedRows(trained.rows, trained.vectors, static.source), static.with_rows(trained.rows, trained.vectors)
