@@ -98,8 +98,9 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
     `cache`: also the response cache's view (CacheView)."""
     text = utf8_text(raw)
     try:
-        spans = top_level(text, deadline)
-        data = LazyObject(text, spans)
+        decoded: dict[str, Any] = {}
+        spans = top_level(text, deadline, decoded)
+        data = LazyObject(text, spans, decoded)
         model = data.get("model")
         if model is not None and not isinstance(model, str):
             raise BadBody("bad_model", "model is not a string")

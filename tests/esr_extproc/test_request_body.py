@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from esr_extproc import json_scan
 from esr_extproc.json_scan import BadBody
 from esr_extproc.request_body import parse_body
 from router.config import RequestsConfig
@@ -274,3 +275,41 @@ def test_track_reads_the_last_max_turns_each_capped():
     got = turns(obj, max_turns=8, prompt_max_tokens=8)
     assert len(got) == 8 and all(len(t) == 64 for t in got)
     assert turns(obj, max_turns=8)[0].startswith("turn 4")
+
+
+SMALL_BODIES = [
+    b'{"model": "auto", "messages": [{"role": "user", "content": "solve 2x = 4"}], "temperature": 0.2}',
+    b'{"model":"auto","messages":[{"role":"user","content":"hi","role":"system"}]}',  # repeated inside
+    b'{"model":"auto","messages":[{"role":"user","content":"hi"}],"temperature":tru}',  # malformed, unread
+    b'{"model":"auto","messages":[{"role":"user","content":"hi"}],"x":{"a":1,"a":2}}',  # repeated, unread
+    b'{"model":"auto","messages":[{"role":"user","content":"hi"}]} {"model":"code-model"}',  # trailing data
+    b'{"model":"auto","Messages":[{"role":"user","content":"hi"}]}',  # a read name in another case
+    b'{"model":"auto","messages":[{"role":"user","content":"hi"}],"x":[1,2,}',  # unbalanced
+    b'{"model":"auto","messages":' + b"[" * 200 + b"]" * 200 + b"}",  # too deep
+    b'{"model":"auto","messages":[{"role":"user","content":"\\ud800 lone"}]}',
+]
+
+
+@pytest.mark.parametrize("raw", SMALL_BODIES)
+def test_a_small_body_decoded_at_once_reads_as_the_scan_reads_it(raw, monkeypatch):
+    def outcome():
+        try:
+            parsed = parse_body(raw, CHAT)
+        except BadBody as bad:
+            return bad.kind
+        read = {k: parsed.data[k] for k in ("model", "messages") if k in parsed.data}
+        return parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, read
+
+    at_once = outcome()
+    monkeypatch.setattr(json_scan, "DECODE_AT_ONCE_BYTES", 0)
+    assert outcome() == at_once
+
+
+def test_a_small_flat_body_is_decoded_in_the_scan_and_a_large_one_is_not():
+    small = SMALL_BODIES[0].decode()
+    decoded: dict = {}
+    spans = json_scan.top_level(small, None, decoded)
+    assert decoded["messages"][0]["content"] == "solve 2x = 4" and list(decoded) == list(spans)
+    large = '{"model":"auto","x":"%s"}' % ("a" * json_scan.DECODE_AT_ONCE_BYTES)
+    decoded = {}
+    assert list(json_scan.top_level(large, None, decoded)) == ["model", "x"] and decoded == {}
