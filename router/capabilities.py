@@ -105,4 +105,7 @@ class ModelChoice:
 
     def _chosen(self, decision: Decision, capable: tuple[str, ...], skipped: tuple[str, ...]) -> Decision:
         chain = capable[:self._attempts]
-        return dataclasses.replace(decision, model=chain[0], chain=chain if len(chain) > 1 else (), skipped=skipped)
+        tried = chain if len(chain) > 1 else ()
+        if (chain[0], tried, skipped) == (decision.model, decision.chain, decision.skipped):
+            return decision  # most requests: a copy equal to it costs ~3 us (dataclasses.replace)
+        return dataclasses.replace(decision, model=chain[0], chain=tried, skipped=skipped)
