@@ -185,7 +185,7 @@ class BatchQueue:
                 if not keep and self._running == 0:
                     # The oldest with more time left than its answer needs to get back.
                     oldest = next((i for i in late if i.deadline - now > margin), None)
-                    if oldest is not None and self._clock() - self._idle_since >= judge.predict(oldest.n_tokens):
+                    if oldest is not None and now - self._idle_since >= judge.predict(oldest.n_tokens):
                         # Nothing has run for longer than the prediction says one batch takes: it
                         # is only history (a model slow for a while), and refusing everything would
                         # never show the model fast again. It runs alone.
