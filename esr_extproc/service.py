@@ -8,6 +8,7 @@ import logging
 import time
 from typing import AsyncIterator
 
+import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -72,14 +73,61 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if self.records is not None:
             self.records.close()
 
-    async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> AsyncIterator[pb.ProcessingResponse]:
+    async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], context) -> None:
+        """One HTTP request's stream. Read and answered through grpc.aio's reader/writer calls: an
+        async generator each way costs the loop its bookkeeping on every message."""
         stream = RequestStream()
         if self.tracing is not None:
             stream.trace_metadata = tuple(context.invocation_metadata() or ())
         self._streams.inc()
         try:
-            async for answer in self._process(request_iterator, stream):
-                yield answer
+            while (request := await context.read()) is not grpc.aio.EOF:
+                kind = request.WhichOneof("request")
+                if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
+                    stream.body_mode = request.protocol_config.request_body_mode
+                if kind == "request_headers":
+                    answer = self._on_headers(request.request_headers, stream,
+                                              sheddable=PINNED_NAMESPACE in request.metadata_context.filter_metadata)
+                    if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \
+                            and answer.HasField("request_headers"):
+                        # Full duplex: the headers answer waits for the whole body (it carries the route).
+                        stream.held_headers = answer
+                        continue
+                    await context.write(answer)
+                    if request.request_headers.end_of_stream and stream.llm_call:
+                        return  # no body: answered at the headers phase
+                elif kind == "request_body":
+                    if not stream.method:  # Envoy sent no headers message (request_header_mode: SKIP)
+                        stream.from_attributes(request)
+                    chunk = request.request_body
+                    stream.body.append(chunk.body)
+                    stream.body_bytes += len(chunk.body)
+                    if stream.duplex:
+                        for answer in await duplex_chunk(stream, chunk.end_of_stream, self._limit(), self._on_body):
+                            await context.write(answer)
+                    elif chunk.end_of_stream:
+                        answer = over_limit(stream, self._limit()) or await self._on_body(stream)
+                        self._release(stream)  # answered: what the stream waits for now is the backend's
+                        await context.write(too_late_to_route(answer) if stream.unbuffered else answer)
+                    elif (refused := part_past_buffer(stream, self._limit())) is not None:
+                        self._release(stream)
+                        await context.write(refused)
+                    else:
+                        if stream.streamed and stream.llm_call and not stream.unbuffered:
+                            stream.unbuffered = True  # the body was asked for whole: the override was refused
+                            refused_override()
+                        await context.write(replies.body_continue())
+                elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
+                    for answer in await duplex_chunk(stream, True, self._limit(), self._on_body):  # trailers end the body
+                        await context.write(answer)
+                    await context.write(replies.pass_through(kind))
+                elif kind == "response_body" and stream.cache is not None and stream.cache.key is not None:
+                    stream.cache.on_answer(request.response_body.body, request.response_body.end_of_stream)
+                    await context.write(pb.ProcessingResponse(response_body=pb.BodyResponse()))
+                else:
+                    answer = replies.pass_through(kind)
+                    if answer is not None:
+                        await context.write(answer)
         finally:
             self._release(stream)
 
@@ -87,56 +135,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.admitted:
             stream.admitted = False
             self.in_flight -= 1
-
-    async def _process(self, request_iterator: AsyncIterator[pb.ProcessingRequest], stream: RequestStream
-                       ) -> AsyncIterator[pb.ProcessingResponse]:
-        async for request in request_iterator:
-            kind = request.WhichOneof("request")
-            if request.HasField("protocol_config"):  # the first message says how Envoy sends bodies
-                stream.body_mode = request.protocol_config.request_body_mode
-            if kind == "request_headers":
-                answer = self._on_headers(request.request_headers, stream,
-                                          sheddable=PINNED_NAMESPACE in request.metadata_context.filter_metadata)
-                if stream.duplex and stream.llm_call and not request.request_headers.end_of_stream \
-                        and answer.HasField("request_headers"):
-                    # Full duplex: the headers answer waits for the whole body (it carries the route).
-                    stream.held_headers = answer
-                    continue
-                yield answer
-                if request.request_headers.end_of_stream and stream.llm_call:
-                    return  # no body: answered at the headers phase
-            elif kind == "request_body":
-                if not stream.method:  # Envoy sent no headers message (request_header_mode: SKIP)
-                    stream.from_attributes(request)
-                chunk = request.request_body
-                stream.body.append(chunk.body)
-                stream.body_bytes += len(chunk.body)
-                if stream.duplex:
-                    for answer in await duplex_chunk(stream, chunk.end_of_stream, self._limit(), self._on_body):
-                        yield answer
-                elif chunk.end_of_stream:
-                    answer = over_limit(stream, self._limit()) or await self._on_body(stream)
-                    self._release(stream)  # answered: what the stream waits for now is the backend's
-                    yield too_late_to_route(answer) if stream.unbuffered else answer
-                elif (refused := part_past_buffer(stream, self._limit())) is not None:
-                    self._release(stream)
-                    yield refused
-                else:
-                    if stream.streamed and stream.llm_call and not stream.unbuffered:
-                        stream.unbuffered = True  # the body was asked for whole: the override was refused
-                        refused_override()
-                    yield replies.body_continue()
-            elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
-                for answer in await duplex_chunk(stream, True, self._limit(), self._on_body):  # trailers end the body
-                    yield answer
-                yield replies.pass_through(kind)
-            elif kind == "response_body" and stream.cache is not None and stream.cache.key is not None:
-                stream.cache.on_answer(request.response_body.body, request.response_body.end_of_stream)
-                yield pb.ProcessingResponse(response_body=pb.BodyResponse())
-            else:
-                answer = replies.pass_through(kind)
-                if answer is not None:
-                    yield answer
 
     def _limit(self) -> int | None:
         """Envoy's own request limit, the most a held body may grow to (None: not serving yet)."""
