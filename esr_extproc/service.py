@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from typing import AsyncIterator
@@ -42,6 +43,12 @@ HEADER_HEADROOM = 8
 # read them differently from the router (json_scan.AMBIGUOUS) or not at all. Any other unusable
 # body goes through the chain unread: a guard decides it by its on_error, else the default route.
 REFUSED = {**dict.fromkeys(AMBIGUOUS, 400), "bad_encoding": 400, "inflated_too_large": 413}
+
+
+@functools.lru_cache(maxsize=8)  # one set per configuration's standard headers
+def _spoofable(standard: tuple[str, ...]) -> frozenset[str]:
+    """Headers only the router (or, for the endpoint picker's, nobody on this path) may set."""
+    return frozenset((*replies.ROUTER_HEADERS, *standard, EPP_DESTINATION))
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -156,7 +163,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.path = canonical_path(h.get(":path", ""))
         current = self.serving
         standard = current.settings.server.gateway_headers if current is not None else ()
-        spoofed = any(name in h for name in (*replies.ROUTER_HEADERS, *standard, EPP_DESTINATION))
+        spoofed = not _spoofable(standard).isdisjoint(h)
         if spoofed:
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
         if not stream.llm_call:

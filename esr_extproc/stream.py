@@ -3,6 +3,7 @@ arrives, how Envoy sends it, and its exchange with the response cache."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import urllib.parse
@@ -14,6 +15,7 @@ from esr_extproc import replies
 from esr_extproc.headers import LLM_PATHS
 
 
+@functools.lru_cache(maxsize=256)  # a gateway sees a handful of paths; any other only misses
 def canonical_path(path: str) -> str:
     """The path as the most lenient backend reads it, for deciding whether it is an LLM call.
 
