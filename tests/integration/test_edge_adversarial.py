@@ -32,6 +32,11 @@ def many_keys(n: int) -> bytes:
     return ('{"model":"auto","messages":[{%s,"k0":0,"role":"user","content":"hi"}]}' % keys).encode()
 
 
+# Alone on the machine, as test_held_out_attacks' flood: the guarded stack keeps the 500 ms deadline,
+# and beside another worker's stack on two cores (CI) its first ordinary request once missed it
+# (fallback_timeout) while the parser process took a core for the costly bodies: the machine, not
+# the router, decided that timing. It passed 6 of 6 beside two busy neighbour processes.
+@pytest.mark.exclusive
 def test_costly_bodies_beside_ordinary_traffic_leave_it_routed(guarded_stack):
     attack = [many_keys(24_000) for _ in range(3)]
     assert all(240 * 1024 < len(a) < 256 * 1024 for a in attack)
