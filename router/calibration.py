@@ -53,15 +53,30 @@ def kind_of(choice: int, own_turn: bool) -> str:
 
 
 def features(row: np.ndarray, choice: int, n_routes: int, has_default_class: bool) -> np.ndarray:
-    """The features of one score row and its choice (a route index, -1 the default route)."""
-    routes = row[:n_routes]
-    scored = np.flatnonzero(np.isfinite(routes))  # -inf: a route only keywords and rules reach
-    order = scored[np.argsort(routes[scored])[::-1]]
-    best = float(routes[order[0]])
-    second = float(routes[order[1]]) if len(order) > 1 else best
-    own = float(routes[choice]) if choice >= 0 else best
-    runner_up = second if choice < 0 or choice == order[0] else best
-    default = float(row[-1]) if has_default_class else 0.0
+    """The features of one score row and its choice (a route index, -1 the default route).
+
+    In Python floats over the row's values (float32, so exact as float64): every decision on the
+    event loop computes these, and numpy's calls over ten values cost more than the arithmetic."""
+    values = row.tolist()
+    best = second = -math.inf
+    seen = 0
+    for value in values[:n_routes]:
+        if not math.isfinite(value):  # -inf: a route only keywords and rules reach
+            continue
+        seen += 1
+        if value > best:
+            best, second = value, best
+        elif value > second:
+            second = value
+    if not seen:
+        raise ValueError("no route has a finite score to take features of")
+    if seen == 1:
+        second = best
+    own = values[choice] if choice >= 0 else best
+    # The runner-up of the best route is the second; of any other choice, the best. A choice tied
+    # with the best has the best as its runner-up either way (their difference is 0).
+    runner_up = second if choice < 0 or own == best else best
+    default = values[-1] if has_default_class else 0.0
     return np.asarray([own, own - runner_up, default], dtype=np.float64)
 
 

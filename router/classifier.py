@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +56,8 @@ class RouteClassifier:
         self.tier = tier
         self.routes = config.routes
         self.thresholds = np.asarray([config.threshold_of(r) for r in self.routes], dtype=np.float32)
+        self.thresholds.flags.writeable = False  # choose_one reads them as floats
+        self._threshold_values = self.thresholds.tolist()
         self.scorer, self.has_default_class = _scorer(config, encode, head)
         self.calibrator = Calibrator(config.calibration)
         self._min_confidence = [config.min_confidence_of(r) for r in self.routes]
@@ -79,6 +82,19 @@ class RouteClassifier:
         if self.has_default_class:
             unmatched |= scores[:, -1] > best
         return np.where(unmatched, -1, idx)
+
+    def choose_one(self, row: np.ndarray) -> int:
+        """`choose` for one row of `scores` (the classifier's own thresholds), in Python floats: a
+        request's decision on the event loop costs numpy's calls over ten values, not arithmetic.
+        The same answer: the row's float32 values compare exactly as float64."""
+        values = row.tolist()
+        best, idx = -math.inf, -1
+        for i, (value, floor) in enumerate(zip(values, self._threshold_values)):
+            if value >= floor and value > best:  # the first of equal scores, as argmax
+                best, idx = value, i
+        if not math.isfinite(best) or (self.has_default_class and values[-1] > best):
+            return -1
+        return idx
 
     def decision(self, row: np.ndarray, idx: int, kind: str = "matched") -> Decision:
         """The decision for one row of `scores` and its choice (as `choose` gives it); `kind`:

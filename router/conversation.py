@@ -21,7 +21,7 @@ def deciding_turn(classifier: "RouteClassifier", scores: np.ndarray, gate: float
     and its choice (route index, -1 the default route). That turn is the last decisive one; with
     none, the most confident (its own choice, often the default route)."""
     if len(scores) == 1:  # one turn sets it whether decisive or not: its own choice (most requests)
-        return 0, int(classifier.choose(scores)[0])
+        return 0, classifier.choose_one(scores[0])
     choice, decisive = _decisive(classifier, scores, gate)
     hits = np.flatnonzero(decisive)
     turn = int(hits[-1]) if hits.size else int(np.argmax(scores.max(axis=1)))

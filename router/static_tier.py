@@ -12,6 +12,7 @@ loop: a decided request costs microseconds and never waits in the batcher's queu
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ from router.conversation import deciding_turn
 from router.head import LinearHead
 
 STATIC = "static"  # x-semantic-route-tier: which tier decided (the other: classifier.ENCODER)
-__all__ = ["ENCODER", "STATIC", "StaticTier", "margins", "own_turn_lead", "prototype_similarity", "route_accepts",
+__all__ = ["ENCODER", "STATIC", "StaticTier", "lead", "margins", "own_turn_lead", "prototype_similarity", "route_accepts",
            "static_classifier", "static_config"]
 
 
@@ -51,7 +52,23 @@ def own_turn_lead(classifier: RouteClassifier, scores: np.ndarray, gate: float |
     turn, choice = deciding_turn(classifier, scores, gate)
     if choice < 0 or turn != len(scores) - 1:
         return -1, 0.0
-    return choice, float(margins(classifier, scores[turn:], np.asarray([choice]))[0])
+    return choice, lead(classifier, scores[turn], choice)
+
+
+def lead(classifier: RouteClassifier, row: np.ndarray, choice: int) -> float:
+    """`margins` of one row and the route it chose, in Python floats (the loop decides one request
+    at a time): the same subtraction, in the row's precision, of the same operands."""
+    values = row.tolist()
+    n = len(classifier.routes)
+    routes = [v if math.isfinite(v) else _ABSENT for v in values[:n]]
+    runner_up = max((v for i, v in enumerate(routes) if i != choice), default=_ABSENT)
+    if classifier.has_default_class:
+        runner_up = values[-1] if math.isnan(values[-1]) else max(runner_up, values[-1])  # as np.maximum
+    exact = row.dtype.type  # the row's own precision, as numpy subtracts
+    return float(exact(routes[choice]) - exact(runner_up))
+
+
+_ABSENT = -1e9  # a route's score where it has none (-inf: only rules reach it), as margins reads it
 
 
 def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray,
@@ -62,11 +79,11 @@ def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray
     when that is larger."""
     thresholds = classifier.thresholds if thresholds is None else thresholds
     n = len(classifier.routes)
-    routes = np.where(np.isfinite(scores[:, :n]), scores[:, :n], -1e9)
+    routes = np.where(np.isfinite(scores[:, :n]), scores[:, :n], _ABSENT)
     rows = np.arange(len(scores))
     chosen = np.maximum(choices, 0)
     others = routes.copy()
-    others[rows, chosen] = -1e9
+    others[rows, chosen] = _ABSENT
     runner_up = others.max(axis=1)
     if classifier.has_default_class:
         runner_up = np.maximum(runner_up, scores[:, -1])
