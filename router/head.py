@@ -68,13 +68,17 @@ class RouteGroups:
         # A route with no class (reached only by keywords or rules) scores -inf: never chosen.
         self.order = np.asarray([i for cols in by_route for i in cols], dtype=np.int64)
         self.starts = np.cumsum([0] + [len(cols) for cols in by_route if cols])[:-1]
+        self.every_route = bool(len(self.order)) and bool(self.has_class.all())
 
     def route_scores(self, logits: np.ndarray, score: Literal["probability", "energy"]) -> np.ndarray:
         top = logits.max(axis=-1, keepdims=True)
         log_norm = np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
-        best = np.full((len(logits), len(self.has_class)), -np.inf, dtype=logits.dtype)
-        if len(self.order):
-            best[:, self.has_class] = np.maximum.reduceat(logits[:, self.order], self.starts, axis=1)
+        if self.every_route:  # the usual head: no column of -inf to leave
+            best = np.maximum.reduceat(logits[:, self.order], self.starts, axis=1)
+        else:
+            best = np.full((len(logits), len(self.has_class)), -np.inf, dtype=logits.dtype)
+            if len(self.order):
+                best[:, self.has_class] = np.maximum.reduceat(logits[:, self.order], self.starts, axis=1)
         if score == "energy":
             return (top + log_norm) - (top - best)
         return np.exp(best - top - log_norm)

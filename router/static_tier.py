@@ -129,6 +129,7 @@ class StaticTier:
                 raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare "
                                  "with (semantic-router fit saves them with the head it trains)")
             self.in_scope = (prototypes, floor)
+        self._accepts = self.accept.tolist()  # read as floats, as own_turn_lead's lead is
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
@@ -140,7 +141,7 @@ class StaticTier:
         vectors = self.encode(turns)
         scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
-        if choice >= 0 and lead >= self.accept[choice] and self._near_enough(vectors[-1]):
+        if choice >= 0 and lead >= self._accepts[choice] and self._near_enough(vectors[-1]):
             decided = self.classifier.decision(scores[-1], choice, "matched")
             return decided, decided
         if not self.fallback_guess:
