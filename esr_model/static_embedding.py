@@ -145,6 +145,14 @@ class StaticEncoder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         # np.mean and np.linalg.norm spelled out: the same float32 arithmetic, bit for bit, without
         # their Python wrappers (a third of this on the event loop for each static decision).
+        if len(texts) == 1:  # a request's own prompt, most of the time: no array to fill row by row
+            ids = self.token_ids(texts[0])
+            if not ids:
+                return np.zeros((1, self.dimension), dtype=np.float32)
+            one = np.add.reduce(self.table[ids], axis=0, keepdims=True)
+            one /= len(ids)
+            norm = np.sqrt(np.add.reduce(one * one, axis=1, keepdims=True))
+            return one / norm if norm[0, 0] != 0 else one
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for i, text in enumerate(texts):  # one at a time: encode_batch's thread pool costs more than it saves here
             ids = self.token_ids(text)

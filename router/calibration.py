@@ -86,6 +86,14 @@ class Calibrator:
 
     def __init__(self, config: CalibrationConfig | None):
         self.config = config
+        # Each kind's coefficients, resolved once (a kind fit left empty takes matched's): a
+        # confidence per decision on the event loop, and the weights as the array np.dot makes of them.
+        self._models: dict[str, tuple[float, np.ndarray | None]] = {}
+        if config is not None:
+            for kind in KINDS:
+                coef = getattr(config, kind) or config.matched or (0.5,)
+                self._models[kind] = (float(coef[0]), None) if len(coef) == 1 else \
+                    (coef[0], np.asarray(coef[1:], dtype=np.float64))
 
     def fallback(self) -> float:
         return self.config.fallback if self.config is not None else 0.0
@@ -95,10 +103,10 @@ class Calibrator:
             # Uncalibrated: above the threshold by the margin, squashed; the default route at 0.5.
             z = 10.0 * min(x[0] - threshold, x[1]) if kind != "default" else 0.0
             return _sigmoid(z)
-        coef = getattr(self.config, kind) or self.config.matched or (0.5,)
-        if len(coef) == 1:
-            return float(coef[0])
-        return _sigmoid(coef[0] + float(np.dot(coef[1:], x)))
+        bias, weights = self._models[kind]
+        if weights is None:
+            return bias
+        return _sigmoid(bias + float(np.dot(weights, x)))
 
 
 def _sigmoid(z: float) -> float:

@@ -40,8 +40,9 @@ def test_the_bundled_model_has_a_current_static_table_that_embeds_text(bundled_e
     assert v.shape == (3, DIMENSIONS)
     assert np.allclose(np.linalg.norm(v[:2], axis=1), 1.0, atol=1e-5)
     assert not v[2].any()  # no tokens: no vector, and no error
-    same = bundled_encode(["what is 17 times 23"])
-    assert np.array_equal(same[0], v[0])
+    same = bundled_encode(["what is 17 times 23"])  # a text alone (the loop's path) as in a batch, bit for bit
+    assert same.shape == (1, DIMENSIONS) and np.array_equal(same[0], v[0])
+    assert bundled_encode([""]).shape == (1, DIMENSIONS) and not bundled_encode([""]).any()
     # Related prompts sit closer than unrelated ones.
     near = bundled_encode(["what is 18 times 24"])[0]
     assert float(near @ v[0]) > float(v[1] @ v[0]) + 0.2
