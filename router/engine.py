@@ -153,7 +153,9 @@ class RoutingEngine:
             if isinstance(found[-1], RoutingUnavailable):
                 return self.fallback(found[-1].reason, guess, facts)
             raise found[-1]
-        scores = self.classifier.scores(np.stack([e for e in found if not isinstance(e, BaseException)]))
+        embedded = [e for e in found if not isinstance(e, BaseException)]
+        # One turn (most requests): its row as it is, no copy.
+        scores = self.classifier.scores(embedded[0][None, :] if len(embedded) == 1 else np.stack(embedded))
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
         metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
         return self.models.choose(decided, facts)
