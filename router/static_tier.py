@@ -23,6 +23,7 @@ from router.conversation import deciding_turn
 from router.head import LinearHead
 
 STATIC = "static"  # x-semantic-route-tier: which tier decided (the other: classifier.ENCODER)
+_ABSENT = -1e9  # a route's score where it has none (-inf: only rules reach it), as margins and lead read it
 __all__ = ["ENCODER", "STATIC", "StaticTier", "lead", "margins", "own_turn_lead", "prototype_similarity", "route_accepts",
            "static_classifier", "static_config"]
 
@@ -66,9 +67,6 @@ def lead(classifier: RouteClassifier, row: np.ndarray, choice: int) -> float:
         runner_up = values[-1] if math.isnan(values[-1]) else max(runner_up, values[-1])  # as np.maximum
     exact = row.dtype.type  # the row's own precision, as numpy subtracts
     return float(exact(routes[choice]) - exact(runner_up))
-
-
-_ABSENT = -1e9  # a route's score where it has none (-inf: only rules reach it), as margins reads it
 
 
 def margins(classifier: RouteClassifier, scores: np.ndarray, choices: np.ndarray,
