@@ -114,7 +114,7 @@ class StaticTier:
         # prompt that belongs nowhere from one the static head knows too little of is what the
         # transformer is for (a static default decision was right 34% of the time on a CLINC150
         # slice where the encoder's were right 100%); own_turn_lead never offers it.
-        self.accept = route_accepts(config)
+        self.accept = route_accepts(config).tolist()  # read as floats, as own_turn_lead's lead is
         self.gate = config.conversation.gate
         self.fallback_guess = config.static_tier.fallback == "guess"
         self.default_route = config.default_route.name
@@ -127,7 +127,6 @@ class StaticTier:
                 raise ValueError("static_tier.min_similarity: the static head has no class prototypes to compare "
                                  "with (semantic-router fit saves them with the head it trains)")
             self.in_scope = (prototypes, floor)
-        self._accepts = self.accept.tolist()  # read as floats, as own_turn_lead's lead is
 
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
@@ -139,7 +138,7 @@ class StaticTier:
         vectors = self.encode(turns)
         scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
-        if choice >= 0 and lead >= self._accepts[choice] and self._near_enough(vectors[-1]):
+        if choice >= 0 and lead >= self.accept[choice] and self._near_enough(vectors[-1]):
             decided = self.classifier.decision(scores[-1], choice, "matched")
             return decided, decided
         if not self.fallback_guess:
