@@ -1,6 +1,7 @@
-"""What the prompt guard costs in routed requests per second: the default router against the same
-router with `make guard`'s fitted guard in its chain, each behind its own Envoy, driven by wrk at c64
-with unique prompts (cache off: every prompt reaches the model); trials interleaved.
+"""What the prompt guard costs in routed requests per second and router CPU: the default router
+against the same router with `make guard`'s fitted guard in its chain, and with that guard without
+its static screen (every request embedded), each behind its own Envoy, driven by wrk at c64 with
+unique prompts (cache off: every prompt the static tier leaves reaches the model); trials interleaved.
 
     python -m bench.guard_cost --guard build/guard.fitted.yaml [--trials 3] [--seconds 8] [--out result.json]
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from bench.ext_proc_bench import launch_router
+from bench.frontend_bench import tree_cpu
 from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
@@ -31,11 +33,17 @@ def main() -> None:
     base = yaml.safe_load((ROOT / "router.yaml").read_text())
     base["cache_size"] = 0
     guarded = {**base, "filters": fitted["filters"], "filter_settings": fitted["filter_settings"]}
+    variants = {"without_guard": base, "with_guard": guarded}
+    guard = fitted["filter_settings"].get("prompt_guard") or {}
+    if "static_screen" in guard:
+        unscreened = {k: v for k, v in guard.items() if k != "static_screen"}
+        variants["guard_unscreened"] = {**guarded, "filter_settings": {**guarded["filter_settings"],
+                                                                       "prompt_guard": unscreened}}
     script = workdir / "prompts.lua"
     script.write_text(WRK_SCRIPT)
     stacks = {}
     try:
-        for name, config in (("without_guard", base), ("with_guard", guarded)):
+        for name, config in variants.items():
             proc, port = launch_router(workdir / f"{name}.yaml", config)
             listener = free_port()
             stacks[name] = (proc, start_direct_envoy(workdir / f"envoy-{name}.yaml", port, listener, free_port()), listener)
@@ -43,7 +51,12 @@ def main() -> None:
         rows = []
         for trial in range(args.trials):
             for name in (list(stacks) if trial % 2 == 0 else list(reversed(stacks))):
-                rows.append({"variant": name, "trial": trial, **run_wrk(stacks[name][2], 64, args.seconds, script, good=GOOD)})
+                before = tree_cpu(stacks[name][0].pid)
+                row = run_wrk(stacks[name][2], 64, args.seconds, script, good=GOOD)
+                spent = tree_cpu(stacks[name][0].pid) - before
+                answered = row["goodput_rps"] * args.seconds
+                rows.append({"variant": name, "trial": trial, **row,
+                             "cpu_ms_per_request": round(1000 * spent / answered, 4) if answered else None})
     finally:
         for proc, envoy, _ in stacks.values():
             for q in (envoy, proc):
@@ -53,8 +66,16 @@ def main() -> None:
     ratio = best["with_guard"] / best["without_guard"]
     checks = {"routed req/s at c64 with the guard / without (target >= 0.8)": {
         "ok": ratio >= 0.8, "detail": f"{best['with_guard']} vs {best['without_guard']}: {ratio:.2f}x"}}
+    if "guard_unscreened" in best:
+        cpu = {name: min(r["cpu_ms_per_request"] for r in rows if r["variant"] == name and r["cpu_ms_per_request"])
+               for name in stacks}
+        checks["the static screen: router CPU per routed request, screened / unscreened guard"] = {
+            "ok": cpu["with_guard"] <= cpu["guard_unscreened"],
+            "detail": f"{cpu['with_guard']} vs {cpu['guard_unscreened']} ms ({cpu['without_guard']} without the guard): "
+                      f"{cpu['with_guard'] / cpu['guard_unscreened']:.2f}x; req/s {best['with_guard']} vs "
+                      f"{best['guard_unscreened']}"}
     emit({"benchmark": "guard_cost", "cpu_count": os.cpu_count(), "rows": rows, "checks": checks}, args.out,
-         columns=("variant", "trial", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms"))
+         columns=("variant", "trial", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request"))
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ def _guard_scorer(settings, encoder):
 
 
 def cmd_eval_guard(args: argparse.Namespace, config: RouterConfig, requests) -> int:
-    from esr_tuning.guard import format_guard_report, guard_report, request_scores
+    from esr_tuning.guard import format_guard_report, guard_report, request_scores, screened
 
     settings = _guard_settings(config)
     if settings is None or "prompt_guard" not in config.filters:
@@ -187,8 +187,14 @@ def cmd_eval_guard(args: argparse.Namespace, config: RouterConfig, requests) -> 
               file=sys.stderr)
         return 2
     encoder, _ = offline(config)
+    cleared = None
+    if settings.static_screen is not None:  # as the served guard screens: on the static tier this config serves
+        from filters.builtin import screen_embedding
+
+        cleared = screened(settings.static_screen, screen_embedding(settings.static_screen, static_tier(config)),
+                           requests)
     report = guard_report(requests, request_scores(_guard_scorer(settings, encoder), requests,
-                                                   piece_vectors(encoder, requests)), settings.threshold)
+                                                   piece_vectors(encoder, requests)), settings.threshold, cleared)
     print(json.dumps(report) if args.json else format_guard_report(report))
     return 0
 
@@ -297,11 +303,21 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
     encoder, _ = offline(config)
     vectors = piece_vectors(encoder, requests)
     exemplars = None if args.head else _guard_scorer(settings, encoder)
+    # A head gets a static screen where a static tier serves this config (the screen reads its embedding).
+    tier = static_tier(config) if args.head else None
+    static = getattr(tier.encode, "__self__", None) if tier is not None else None
     with _data_errors(ValueError):
-        result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr)
+        result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr, static=static)
     guard = {**(config.filter_settings.get("prompt_guard") or {}), "threshold": round(result.threshold, 6)}
+    guard.pop("static_screen", None)  # fitted on the old head's split: never kept beside a new head
     if result.head is not None:
         guard["head"] = {"weights": list(result.head.weights), "bias": result.head.bias}
+    if result.screen is not None:
+        screen = result.screen
+        guard["static_screen"] = {"weights": list(screen.weights), "bias": screen.bias,
+                                  "below": screen.below, "table": screen.table}
+    elif args.head and tier is None:
+        print("no static screen: no static tier serves this config")
     filters = config.filters if "prompt_guard" in config.filters else ("prompt_guard", *config.filters)
     fitted = dataclasses.replace(config, filters=filters, filter_settings={**config.filter_settings, "prompt_guard": guard})
     write_config(fitted, args.out, leading_comments(args.config))

@@ -14,6 +14,8 @@ table at load, and refused where the table they were trained from is not this on
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -136,7 +138,14 @@ class StaticEncoder:
         """This encoder with `rows` of its table replaced by `vectors` (fit's trained rows)."""
         other = copy.copy(self)
         other.table = _laid_over(self.table, rows, vectors)
+        other.__dict__.pop("digest", None)  # another table
         return other
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What identifies this table (its rows as served): a head fitted on its vectors (the guard's
+        static screen) is served only over the same."""
+        return hashlib.blake2b(np.ascontiguousarray(self.table).tobytes(), digest_size=12).hexdigest()
 
     def token_ids(self, text: str) -> list[int]:
         """The tokens the encoder reads of `text` (its own cut), less [CLS] and [SEP], which say nothing."""

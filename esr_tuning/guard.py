@@ -22,7 +22,7 @@ import numpy as np
 
 from router.guard_pieces import guard_pieces
 from router.config import RequestsConfig
-from router.guard import GuardHead, GuardScorer
+from router.guard import GuardHead, GuardScorer, StaticScreen
 from esr_tuning.jsonl import BadRecord, first_record, read_records
 
 LABELS = ("block", "allow")
@@ -80,9 +80,13 @@ def request_scores(scorer: GuardScorer, requests: Sequence[GuardRequest], vector
     return np.asarray([scorer.score(np.stack([vectors[p] for p in r.pieces])) for r in requests])
 
 
-def guard_report(requests: Sequence[GuardRequest], scores: np.ndarray, threshold: float) -> dict:
-    """Recall on blocked requests and false-positive rate on allowed ones, overall and per category."""
+def guard_report(requests: Sequence[GuardRequest], scores: np.ndarray, threshold: float,
+                 cleared: np.ndarray | None = None) -> dict:
+    """Recall on blocked requests and false-positive rate on allowed ones, overall and per category;
+    `cleared`: the requests a static screen let on (never flagged), whose share is reported too."""
     flagged = scores >= threshold
+    if cleared is not None:
+        flagged = flagged & ~cleared
     blocked = np.asarray([r.blocked for r in requests])
     categories = np.asarray([r.category for r in requests])
 
@@ -94,9 +98,12 @@ def guard_report(requests: Sequence[GuardRequest], scores: np.ndarray, threshold
         mask = categories == category
         per_category[category] = {"requests": int(mask.sum()), "blocked_label": bool(blocked[mask].all()),
                                   "flagged": share(mask)}
-    return {"threshold": round(float(threshold), 4), "requests": len(requests), "recall": share(blocked),
-            "false_positive_rate": share(~blocked), "blocked_requests": int(blocked.sum()),
-            "allowed_requests": int((~blocked).sum()), "per_category": per_category}
+    report = {"threshold": round(float(threshold), 4), "requests": len(requests), "recall": share(blocked),
+              "false_positive_rate": share(~blocked), "blocked_requests": int(blocked.sum()),
+              "allowed_requests": int((~blocked).sum()), "per_category": per_category}
+    if cleared is not None:
+        report["screened"] = round(float(cleared.mean()), 4) if len(requests) else None
+    return report
 
 
 def threshold_for(allowed_scores: np.ndarray, target_fpr: float) -> float:
@@ -137,19 +144,54 @@ def train_guard_head(requests: Sequence[GuardRequest], vectors: dict[str, np.nda
     return GuardHead(tuple(round(float(w), 6) for w in weights), round(float(head.bias[1] - head.bias[0]), 6))
 
 
+# The static screen's bar, as a share of the lowest static score among the held-out attacks the
+# guard catches. Measured with each of bastioncorpus's 7 attack categories left out of the fit in
+# turn: at 0.2 none of the left-out attacks the guard caught was cleared (at 0.5, 2 categories lost
+# 0.04-0.10 of recall; at 1.0, 4 lost up to 0.33), and 70% of CLINC150 val and SGD dev requests
+# were (docs/static-tier.md#the-guards-static-screen).
+SCREEN_MARGIN = 0.2
+
+
+def screened(screen: StaticScreen | None, encode, requests: Sequence[GuardRequest]) -> np.ndarray:
+    """Which requests the screen lets on without the encoder, as the served guard decides."""
+    if screen is None or encode is None:
+        return np.zeros(len(requests), dtype=bool)
+    return np.asarray([screen.clears(encode, r.pieces) for r in requests], dtype=bool)
+
+
 @dataclass
 class GuardFit:
     head: GuardHead | None
     threshold: float
     held_out: dict
     notes: list[str]
+    screen: StaticScreen | None = None
+
+
+def fit_screen(requests: Sequence[GuardRequest], train: Sequence[int], held: Sequence[int], caught: np.ndarray,
+               static, seed: int = 0, margin: float = SCREEN_MARGIN) -> tuple[StaticScreen | None, str]:
+    """The static screen (a head on `static`'s vectors, trained on the guard head's split), its bar
+    `margin` times the lowest static score of the held-out attacks in `caught` (those the guard
+    catches); None where none is caught."""
+    texts = sorted({p for r in requests for p in r.pieces} | {r.text for r in requests})
+    vectors = dict(zip(texts, static.encode(texts)))
+    head = train_guard_head([requests[i] for i in train], vectors, seed)
+    scores = request_scores(GuardScorer(head=head), [requests[i] for i in held], vectors)
+    if not caught.any():
+        return None, "no static screen: the guard catches no held-out attack to set its bar under"
+    screen = StaticScreen(head.weights, head.bias, float(margin * scores[caught].min()), static.digest)
+    allowed = [requests[i] for i in held if not requests[i].blocked]
+    cleared = screened(screen, static.encode, allowed)
+    return screen, (f"static screen: clears {cleared.mean():.1%} of the {len(allowed)} held-out allowed requests "
+                    f"without the encoder, no held-out attack the guard catches (bar {screen.below:.4g})")
 
 
 def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], exemplars: GuardScorer | None,
-              with_head: bool, target_fpr: float, holdout: float = 0.2, seed: int = 0) -> GuardFit:
+              with_head: bool, target_fpr: float, holdout: float = 0.2, seed: int = 0, static=None) -> GuardFit:
     """A head (with_head) trained on a split of the records, or the config's exemplars (their scorer);
     the threshold for `target_fpr` false positives per allowed request on the held-out records, and
-    what it catches there."""
+    what it catches there. `static`: the static tier's embedding (a StaticEncoder), to fit the
+    head's static screen on (fit_screen)."""
     train, test = split_groups(requests, holdout, seed)
     head = train_guard_head([requests[i] for i in train], vectors, seed) if with_head else None
     scorer = GuardScorer(head=head) if head is not None else exemplars
@@ -163,13 +205,20 @@ def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], 
     notes = [f"guard {'head trained on ' + str(len(train)) + ' requests' if with_head else 'exemplars'}; "
              f"threshold {report['threshold']} for {target_fpr:.1%} false positives on {len(held)} held-out requests: "
              f"recall {report['recall']}, false-positive rate {report['false_positive_rate']}"]
-    return GuardFit(head, threshold, report, notes)
+    screen = None
+    if with_head and static is not None:
+        caught = np.asarray([r.blocked for r in held]) & (scores >= threshold)
+        screen, note = fit_screen(requests, train, test, caught, static, seed)
+        notes.append(note)
+    return GuardFit(head, threshold, report, notes, screen)
 
 
 def format_guard_report(report: dict) -> str:
     lines = [f"threshold {report['threshold']}: recall {report['recall']} of {report['blocked_requests']} blocked "
              f"requests, false-positive rate {report['false_positive_rate']} of {report['allowed_requests']} allowed "
              "(per request)", f"{'category':<32}{'requests':>10}{'label':>8}{'flagged':>10}"]
+    if report.get("screened") is not None:
+        lines.insert(1, f"static screen: {report['screened']:.1%} of requests let on without the encoder")
     for name, c in report["per_category"].items():
         lines.append(f"{name:<32}{c['requests']:>10}{'block' if c['blocked_label'] else 'allow':>8}"
                      f"{c['flagged'] if c['flagged'] is not None else '-':>10}")

@@ -14,7 +14,8 @@ from filters.context import ImmediateReply, RequestContext
 from filters import metrics
 from router.guard_pieces import GUARD_MAX_PIECES
 from router.engine import RoutingEngine, RoutingUnavailable
-from router.guard import GuardHead, GuardScorer
+from router.static_tier import StaticTier
+from router.guard import GuardHead, GuardScorer, StaticScreen
 from esr_settings import SettingError, build
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class PromptGuardSettings:
     # A head fitted by `semantic-router fit` on guard data (`make guard`); when set, pieces score
     # the probability of an attack instead of their similarity to the exemplars.
     head: GuardHead | None = None
+    # Written by `fit` beside a head where the static tier serves: a request it clears is let on
+    # without the encoder (docs/static-tier.md#the-guards-static-screen). None: every request is
+    # embedded.
+    static_screen: StaticScreen | None = None
     threshold: float = 0.8
     action: Literal["block", "tag"] = "block"
     header: str = "x-prompt-guard"
@@ -146,10 +151,12 @@ class PromptGuard:
     def __init__(self, settings: dict | None = None):
         self.settings = build(PromptGuardSettings, settings, f"filter_settings.{self.name}")
         self._scorer: GuardScorer | None = None
+        self._static = None  # the static embedding the screen reads, where it serves
 
     async def setup(self, engine: RoutingEngine) -> None:
         """Embed the exemplars through the shared batcher (the model thread owns the model)."""
         self._scorer = await guard_scorer(self.settings, engine.embed)
+        self._static = screen_embedding(self.settings.static_screen, engine.static)
 
     async def __call__(self, ctx: RequestContext) -> None:
         if self._scorer is None:
@@ -161,6 +168,9 @@ class PromptGuard:
             return
         if len(pieces) > self.settings.max_pieces:
             return self.undecided(ctx, "too_many_pieces")
+        if self._static is not None and self.settings.static_screen.clears(self._static, pieces):
+            metrics.GUARD_SCREENED.inc()
+            return
         try:
             found = await ctx.embeddings(pieces)
         except RoutingUnavailable as failed:
@@ -184,6 +194,24 @@ class PromptGuard:
             ctx.immediate = openai_error(
                 403, "The gateway's prompt policy could not examine this request; retry later.",
                 "prompt_guard_unavailable", kind="content_filter")
+
+
+def screen_embedding(screen: StaticScreen | None, static: StaticTier | None):
+    """The static embedding `screen` reads (the static tier's), or None where it cannot serve: no
+    screen, no static tier, or a tier whose table is not the one the screen was fitted on (refit
+    the guard after the table: a head on other vectors would clear what it should not). Serving's
+    and eval's alike."""
+    if screen is None:
+        return None
+    encoder = getattr(static.encode, "__self__", None) if static is not None else None
+    if encoder is None or getattr(encoder, "digest", None) != screen.table:
+        log.warning("prompt_guard.static_screen is off: " + ("no static tier serves" if encoder is None else
+                    "fitted on another static table (run fit on the guard data again)"))
+        return None
+    if encoder.dimension != screen.dimension:
+        raise ValueError(f"filter_settings.prompt_guard.static_screen: takes {screen.dimension}-dimension "
+                         f"embeddings; the static tier gives {encoder.dimension}")
+    return encoder.encode
 
 
 async def guard_scorer(settings: PromptGuardSettings, embed) -> GuardScorer:

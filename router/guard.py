@@ -2,12 +2,15 @@
 
 Two methods on the shared embedding: similarity to blocked exemplars (the highest cosine), or a
 linear head fitted by `semantic-router fit` on labelled guard data (the probability a piece is an
-attack). Both the filter (filters/builtin.PromptGuard) and `eval`/`fit` score with this.
+attack). Before them, a static screen may clear a request on the static tier's embedding. The filter
+(filters/builtin.PromptGuard) and `eval`/`fit` score with this.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -45,3 +48,44 @@ class GuardScorer:
     def score(self, vectors: np.ndarray) -> float:
         """A request's score: its highest piece's (an attack is not diluted by the text around it)."""
         return float(self.piece_scores(vectors).max())
+
+
+# The most text the screen embeds on the event loop for one request (tokenizing and a gather: tens
+# of microseconds); a request with more goes to the encoder, as without a screen.
+SCREEN_MAX_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class StaticScreen:
+    """Lets a request on without the encoder where every piece scores below `below` on a logistic
+    head over the static tier's embedding (`fit` trains it beside the guard's head, on the same
+    split, and sets `below` well under every held-out attack the guard catches). It only ever
+    clears: what it does not clear the guard scores as before. `table`: the digest of the static
+    table the head was fitted on (StaticEncoder.digest); served over another, the screen is off."""
+
+    weights: tuple[float, ...]
+    bias: float
+    below: float
+    table: str
+
+    def __post_init__(self):
+        GuardHead(self.weights, self.bias)  # the same checks
+        if not 0.0 < self.below < 1.0:
+            raise SettingError("below", "must be a probability between 0 and 1")
+        if not self.table:
+            raise SettingError("table", "must name the static table the screen was fitted on")
+
+    @functools.cached_property
+    def _scorer(self) -> GuardScorer:
+        return GuardScorer(head=GuardHead(self.weights, self.bias))
+
+    @property
+    def dimension(self) -> int:
+        return len(self.weights)
+
+    def clears(self, encode: Callable[[Sequence[str]], np.ndarray], pieces: Sequence[str]) -> bool:
+        """Whether the request of these pieces is let on unexamined by the encoder; `encode`: the
+        static embedding. Never for more than SCREEN_MAX_CHARS of text."""
+        if not pieces or sum(len(p) for p in pieces) > SCREEN_MAX_CHARS:
+            return False
+        return self._scorer.score(encode(pieces)) < self.below
