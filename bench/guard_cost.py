@@ -4,11 +4,17 @@ its static screen (every request embedded), each behind its own Envoy, driven by
 unique prompts (cache off: every prompt the static tier leaves reaches the model); trials interleaved.
 
     python -m bench.guard_cost --guard build/guard.fitted.yaml [--trials 3] [--seconds 8] [--out result.json]
+    python -m bench.guard_cost --guard build/clinc150.guard.yaml --config build/clinc150.fitted.yaml \
+        --data ../shared/data/clinc150/val.jsonl          # the guard on the cascade's recipe
+
+`--config`: the router the guard is added to (router.yaml); `--data`: held-out prompts sent as
+written (bench.cascade_bench.wrk_script) instead of the synthetic ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -16,21 +22,25 @@ import yaml
 
 from bench.ext_proc_bench import launch_router
 from bench.frontend_bench import tree_cpu
-from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
+
+ROUTED = ("matched", "default", "low_confidence")  # answers the router routed (a 403 is the guard's)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.guard_cost")
     p.add_argument("--guard", type=Path, default=Path("build/guard.fitted.yaml"))
+    p.add_argument("--config", type=Path, default=ROOT / "router.yaml")
+    p.add_argument("--data", type=Path)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out")
     args = p.parse_args()
     workdir = wrk_workdir("guard-cost")
     fitted = yaml.safe_load(args.guard.read_text())
-    base = yaml.safe_load((ROOT / "router.yaml").read_text())
+    base = yaml.safe_load(args.config.read_text())
     base["cache_size"] = 0
     guarded = {**base, "filters": fitted["filters"], "filter_settings": fitted["filter_settings"]}
     variants = {"without_guard": base, "with_guard": guarded}
@@ -40,7 +50,13 @@ def main() -> None:
         variants["guard_unscreened"] = {**guarded, "filter_settings": {**guarded["filter_settings"],
                                                                        "prompt_guard": unscreened}}
     script = workdir / "prompts.lua"
-    script.write_text(WRK_SCRIPT)
+    if args.data is None:
+        script.write_text(WRK_SCRIPT)
+    else:
+        from bench.cascade_bench import wrk_script
+
+        script.write_text(wrk_script([json.loads(line)["text"] for line in args.data.read_text().splitlines()
+                                      if line.strip()]))
     stacks = {}
     try:
         for name, config in variants.items():
@@ -52,7 +68,7 @@ def main() -> None:
         for trial in range(args.trials):
             for name in (list(stacks) if trial % 2 == 0 else list(reversed(stacks))):
                 before = tree_cpu(stacks[name][0].pid)
-                row = run_wrk(stacks[name][2], 64, args.seconds, script, good=GOOD)
+                row = run_wrk(stacks[name][2], 64, args.seconds, script, good=ROUTED)
                 spent = tree_cpu(stacks[name][0].pid) - before
                 answered = row["goodput_rps"] * args.seconds
                 rows.append({"variant": name, "trial": trial, **row,

@@ -14,6 +14,7 @@ from esr_extproc.serving import ServiceSettings
 from filters.builtin import openai_error
 from filters.context import ImmediateReply, RequestContext
 from router.classifier import Decision
+from router.metrics import child
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision
     if ctx is not None and ctx.immediate is not None:
         metrics.REQUESTS.labels("rejected").inc()
         return replies.immediate(ctx.immediate, _safe_extra(ctx))
-    metrics.REQUESTS.labels(decision.reason).inc()
-    metrics.ROUTE_DECISIONS.labels(decision.route).inc()
+    child(metrics.REQUESTS, decision.reason).inc()
+    child(metrics.ROUTE_DECISIONS, decision.route).inc()
     headers = {
         SELECTED_MODEL: decision.model,
         ROUTE: decision.route,

@@ -84,7 +84,7 @@ class RoutingEngine:
         fallback's reason, so a busy router still routes; without one, the default route."""
         if guess is None:
             return self.default(reason, facts)
-        metrics.DECISIONS_BY_TIER.labels(guess.tier).inc()
+        metrics.child(metrics.DECISIONS_BY_TIER, guess.tier).inc()
         return self.models.choose(dataclasses.replace(guess, reason=reason), facts)
 
     def pinned(self, model: str, facts: RequestFacts = NO_FACTS) -> Decision:
@@ -129,7 +129,7 @@ class RoutingEngine:
         decided, guess = self.static.weigh(turns)
         if decided is None:
             return None, guess
-        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+        metrics.child(metrics.DECISIONS_BY_TIER, decided.tier).inc()
         return self.models.choose(decided, facts), guess
 
     async def by_encoder(self, turns: Sequence[str], deadline: float, guess: Decision | None = None,
@@ -157,5 +157,5 @@ class RoutingEngine:
         # One turn (most requests): its row as it is, no copy.
         scores = self.classifier.scores(embedded[0][None, :] if len(embedded) == 1 else np.stack(embedded))
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
-        metrics.DECISIONS_BY_TIER.labels(decided.tier).inc()
+        metrics.child(metrics.DECISIONS_BY_TIER, decided.tier).inc()
         return self.models.choose(decided, facts)

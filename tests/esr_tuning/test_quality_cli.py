@@ -97,3 +97,22 @@ def test_eval_and_fit_measure_and_tune_the_caches_semantic_thresholds(data, tmp_
     assert fit.returncode == 0, fit.stderr
     assert "response cache: semantic thresholds" in fit.stdout
     assert 0.5 <= load_config(out_cfg).cache.semantic_thresholds["small_talk"] <= 1.0
+
+
+@pytest.mark.processes
+def test_fit_on_guard_data_writes_a_static_screen_and_eval_screens_as_served(tmp_path):
+    from tests.support.guard_texts import ATTACKS, BENIGN
+
+    rows = [{"text": t, "label": "block", "category": "attack"} for t in ATTACKS] + \
+        [{"text": t, "label": "allow", "category": "benign"} for t in BENIGN]
+    data = tmp_path / "guard.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fitted = tmp_path / "guarded.yaml"
+    out = cli("fit", "--config", "router.yaml", "--data", str(data), "--head", "--guard-fpr", "0.01",
+              "--out", str(fitted))
+    assert out.returncode == 0, out.stderr
+    assert "static screen: clears" in out.stdout
+    screen = yaml.safe_load(fitted.read_text())["filter_settings"]["prompt_guard"]["static_screen"]
+    assert 0 < screen["below"] < 1 and len(screen["weights"]) == 256 and screen["table"]
+    report = json.loads(cli("eval", "--config", str(fitted), "--data", str(data), "--json").stdout)
+    assert report["screened"] > 0 and report["recall"] == 1.0  # it clears benign requests, never the caught attacks
