@@ -21,8 +21,8 @@ from bench.report import emit
 from esr_app.quality_cli import offline, piece_vectors
 from esr_app.routing_build import static_tier
 from esr_config import load_config
-from esr_tuning.guard import (fit_screen, load_guard_data, request_scores, screened, split_groups, threshold_for,
-                              train_guard_head)
+from esr_tuning.guard import (load_guard_data, request_scores, screen_with, screened, split_groups, static_head,
+                              threshold_for, train_guard_head)
 from router.guard import GuardScorer
 
 MARGINS = (1.0, 0.5, 0.2, 0.1)
@@ -39,7 +39,9 @@ def guard_and_screens(requests, train, held, vectors, static, target: float):
     blocked = np.asarray([r.blocked for r in held_requests])
     threshold = threshold_for(scores[~blocked], target)
     caught = blocked & (scores >= threshold)
-    return scorer, threshold, {m: fit_screen(requests, train, held, caught, static, margin=m)[0] for m in MARGINS}
+    head, static_vectors = static_head(requests, train, static)
+    return scorer, threshold, {m: screen_with(head, static_vectors, requests, held, caught, static, m)[0]
+                               for m in MARGINS}
 
 
 def main() -> None:

@@ -168,17 +168,23 @@ class GuardFit:
     screen: StaticScreen | None = None
 
 
-def fit_screen(requests: Sequence[GuardRequest], train: Sequence[int], held: Sequence[int], caught: np.ndarray,
-               static, seed: int = 0, margin: float = SCREEN_MARGIN) -> tuple[StaticScreen | None, str]:
-    """The static screen (a head on `static`'s vectors, trained on the guard head's split), its bar
-    `margin` times the lowest static score of the held-out attacks in `caught` (those the guard
-    catches); None where none is caught."""
+def static_head(requests: Sequence[GuardRequest], train: Sequence[int], static,
+                seed: int = 0) -> tuple[GuardHead, dict[str, np.ndarray]]:
+    """The screen's head: a guard head on `static`'s vectors (a StaticEncoder), trained on the guard
+    head's split; and those vectors, for every text of `requests`."""
     texts = sorted({p for r in requests for p in r.pieces} | {r.text for r in requests})
     vectors = dict(zip(texts, static.encode(texts)))
-    head = train_guard_head([requests[i] for i in train], vectors, seed)
-    scores = request_scores(GuardScorer(head=head), [requests[i] for i in held], vectors)
+    return train_guard_head([requests[i] for i in train], vectors, seed), vectors
+
+
+def screen_with(head: GuardHead, vectors: dict[str, np.ndarray], requests: Sequence[GuardRequest],
+                held: Sequence[int], caught: np.ndarray, static,
+                margin: float = SCREEN_MARGIN) -> tuple[StaticScreen | None, str]:
+    """The static screen of `head`, its bar `margin` times the lowest static score of the held-out
+    attacks in `caught` (those the guard catches); None where none is caught."""
     if not caught.any():
         return None, "no static screen: the guard catches no held-out attack to set its bar under"
+    scores = request_scores(GuardScorer(head=head), [requests[i] for i in held], vectors)
     screen = StaticScreen(head.weights, head.bias, float(margin * scores[caught].min()), static.digest)
     allowed = [requests[i] for i in held if not requests[i].blocked]
     cleared = screened(screen, static.encode, allowed)
@@ -191,7 +197,7 @@ def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], 
     """A head (with_head) trained on a split of the records, or the config's exemplars (their scorer);
     the threshold for `target_fpr` false positives per allowed request on the held-out records, and
     what it catches there. `static`: the static tier's embedding (a StaticEncoder), to fit the
-    head's static screen on (fit_screen)."""
+    head's static screen on (static_head, screen_with)."""
     train, test = split_groups(requests, holdout, seed)
     head = train_guard_head([requests[i] for i in train], vectors, seed) if with_head else None
     scorer = GuardScorer(head=head) if head is not None else exemplars
@@ -208,7 +214,7 @@ def fit_guard(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], 
     screen = None
     if with_head and static is not None:
         caught = np.asarray([r.blocked for r in held]) & (scores >= threshold)
-        screen, note = fit_screen(requests, train, test, caught, static, seed)
+        screen, note = screen_with(*static_head(requests, train, static, seed), requests, test, caught, static)
         notes.append(note)
     return GuardFit(head, threshold, report, notes, screen)
 
