@@ -59,6 +59,16 @@ def wrk_script(texts: list[str]) -> str:
                           'reasons["guessed"] = (reasons["guessed"] or 0) + 1 end')
 
 
+def split_tallies(row: dict, seconds: float) -> tuple[dict[str, int], int, int]:
+    """run_wrk's `row` on wrk_script: the tier tallies taken out of its reasons, and its throughput
+    set from the answers alone (run_wrk counted the tallies as answers too) -> (tiers, guessed, answers)."""
+    tiers = {k: row["reasons"].pop(k) for k in list(row["reasons"]) if k.startswith("tier_")}
+    guessed = row["reasons"].pop("guessed", 0)
+    answers = sum(row["reasons"].values())
+    row["throughput_rps"] = round(answers / seconds, 1)
+    return tiers, guessed, answers
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.cascade_bench")
     p.add_argument("--config", type=Path, default=ROOT / "build/clinc150.fitted.yaml")
@@ -98,10 +108,7 @@ def main() -> None:
                     row = run_wrk(listener, c, args.seconds, script, good=ROUTED)
                     spent = tree_cpu(proc.pid) - before
                     routed = row["goodput_rps"] * args.seconds
-                    tiers = {k: row["reasons"].pop(k) for k in list(row["reasons"]) if k.startswith("tier_")}
-                    guessed = row["reasons"].pop("guessed", 0)
-                    answers = sum(row["reasons"].values())  # run_wrk counted the tier tallies as answers too
-                    row["throughput_rps"] = round(answers / args.seconds, 1)
+                    tiers, guessed, answers = split_tallies(row, args.seconds)
                     row["fallback_timeout_share"] = round(row["reasons"].get("fallback_timeout", 0) / answers, 4) \
                         if answers else None
                     # No reason header: Envoy's message timeout passed it on without the router (fail-open).

@@ -18,13 +18,14 @@ import json
 import os
 from pathlib import Path
 
-import yaml
-
+from bench.cascade_bench import split_tallies, wrk_script
 from bench.ext_proc_bench import launch_router
 from bench.frontend_bench import tree_cpu
 from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
+from esr_config import load_config
+from esr_settings import dump
 
 ROUTED = ("matched", "default", "low_confidence")  # answers the router routed (a 403 is the guard's)
 
@@ -39,8 +40,10 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     workdir = wrk_workdir("guard-cost")
-    fitted = yaml.safe_load(args.guard.read_text())
-    base = yaml.safe_load(args.config.read_text())
+    # Read as the router reads them: the paths they name (a fine-tuned model, a head) made absolute,
+    # since each variant's config is written elsewhere.
+    fitted = dump(load_config(args.guard))
+    base = dump(load_config(args.config))
     base["cache_size"] = 0
     guarded = {**base, "filters": fitted["filters"], "filter_settings": fitted["filter_settings"]}
     variants = {"without_guard": base, "with_guard": guarded}
@@ -53,8 +56,6 @@ def main() -> None:
     if args.data is None:
         script.write_text(WRK_SCRIPT)
     else:
-        from bench.cascade_bench import wrk_script
-
         script.write_text(wrk_script([json.loads(line)["text"] for line in args.data.read_text().splitlines()
                                       if line.strip()]))
     stacks = {}
@@ -70,6 +71,8 @@ def main() -> None:
                 before = tree_cpu(stacks[name][0].pid)
                 row = run_wrk(stacks[name][2], 64, args.seconds, script, good=ROUTED)
                 spent = tree_cpu(stacks[name][0].pid) - before
+                if args.data is not None:
+                    split_tallies(row, args.seconds)
                 answered = row["goodput_rps"] * args.seconds
                 rows.append({"variant": name, "trial": trial, **row,
                              "cpu_ms_per_request": round(1000 * spent / answered, 4) if answered else None})
