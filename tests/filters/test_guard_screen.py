@@ -21,7 +21,7 @@ from filters.builtin import PromptGuard, screen_embedding
 from filters.context import RequestContext
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
-from router.guard import SCREEN_MAX_CHARS, GuardHead, GuardScorer, StaticScreen
+from router.guard import SCREEN_MAX_CHARS, SCREEN_MAX_PIECES, GuardHead, GuardScorer, StaticScreen
 from tests.support.fakes import FakeBackend, config, encode
 from tests.support.guard_texts import ATTACKS, BENIGN
 
@@ -90,6 +90,8 @@ def test_what_the_screen_clears_never_reaches_the_encoder(fitted, static):
         await guard(ctx_for(engine, ATTACKS[0]))  # not cleared: the encoder scores it, as without a screen
         long = benign + " and" * (SCREEN_MAX_CHARS // 4)  # past what the screen embeds on the loop
         assert not fit.screen.clears(static.encode, (long,))
+        assert not fit.screen.clears(static.encode, (benign,) * (SCREEN_MAX_PIECES + 1))
+        assert fit.screen.clears(static.encode, (benign,) * SCREEN_MAX_PIECES)
         await guard(ctx_for(engine, long))
         await batcher.aclose()
         return benign, long
