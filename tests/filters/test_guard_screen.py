@@ -25,6 +25,7 @@ from router.guard import SCREEN_MAX_CHARS, SCREEN_MAX_PIECES, GuardHead, GuardSc
 from tests.support.fakes import FakeBackend, config, encode
 from tests.support.guard_texts import ATTACKS, BENIGN
 
+
 def requests() -> list[GuardRequest]:
     rows = [(t, True) for t in ATTACKS] + [(t, False) for t in BENIGN]
     return [GuardRequest((t,), blocked, "attack" if blocked else "benign", i, t) for i, (t, blocked) in enumerate(rows)]
