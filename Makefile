@@ -185,6 +185,7 @@ sgd: $(STAMP) $(MODELS)
 
 # A prompt guard fitted on public data (bastioncorpus 0.6.0, MIT: attacks and hard negatives; CLINC150
 # and SGD train: benign), judged on what it was not fitted on (CLINC150 val, SGD dev; docs/decisions.md, "Prompt guard, measured").
+# With it, the guard's static screen (router.yaml has a static tier: docs/static-tier.md#the-guards-static-screen).
 guard: $(STAMP) $(MODELS)
 	$(PY) examples/guard/build_data.py --clinc $(CLINC)/train.jsonl --sgd $(SGD)/train.jsonl --out build/guard.train.jsonl
 	$(PY) examples/guard/build_data.py --no-bastion --clinc $(CLINC)/val.jsonl --sgd $(SGD)/dev.jsonl \
