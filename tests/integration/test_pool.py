@@ -106,7 +106,16 @@ UNSURE = "tell me about the history of the Roman empire"  # the default route's:
 LEANING = "what is the derivative of x squared times sin x"
 
 
+WORKERS = ("worker-0", "worker-1")
+
+
+def worker_restarts(pool) -> dict[str, float]:
+    text = scrape(pool.metrics_url)
+    return {w: metric(text, "semantic_router_pool_restarts_total", f'process="{w}"') for w in WORKERS}
+
+
 def test_a_killed_model_process_means_fallbacks_then_recovery(pool):
+    restarts = worker_restarts(pool)
     os.kill(pid_of(pool, "model"), signal.SIGKILL)
     # Until it is back: answered at once, the reason says why, health says so.
     wait_for(lambda: not pool.router_serving(), 10, "workers report NOT_SERVING")
@@ -130,6 +139,9 @@ def test_a_killed_model_process_means_fallbacks_then_recovery(pool):
              240, "routing again once the model process is back")
     assert metric(scrape(pool.metrics_url), "semantic_router_pool_restarts_total", 'process="model"') == 1
     wait_for(pool.router_serving, 10, "workers report SERVING again")
+    # Every worker lived through it, on its config: the answers above may all have come from one.
+    assert worker_restarts(pool) == restarts
+    wait_for(lambda: set(served_versions(pool)) >= set(WORKERS), 30, "every worker reports its config")
 
 
 def served_versions(stack) -> dict[str, set[str]]:
