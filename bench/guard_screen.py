@@ -56,7 +56,7 @@ def main() -> None:
     tier = static_tier(config)
     if tier is None:
         raise SystemExit(f"{args.config}: no static tier serves this config: no screen to measure")
-    static = tier.encode.__self__
+    static = tier.embedding
     requests = load_guard_data(args.data, config.requests)
     benign = load_guard_data(args.benign, config.requests)
     encoder, _ = offline(config)

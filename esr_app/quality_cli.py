@@ -305,7 +305,7 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
     exemplars = None if args.head else _guard_scorer(settings, encoder)
     # A head gets a static screen where a static tier serves this config (the screen reads its embedding).
     tier = static_tier(config) if args.head else None
-    static = getattr(tier.encode, "__self__", None) if tier is not None else None
+    static = tier.embedding if tier is not None else None
     with _data_errors(ValueError):
         result = fit_guard(requests, vectors, exemplars, args.head, args.guard_fpr, static=static)
     guard = {**(config.filter_settings.get("prompt_guard") or {}), "threshold": round(result.threshold, 6)}

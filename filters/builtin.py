@@ -203,7 +203,7 @@ def screen_embedding(screen: StaticScreen | None, static: StaticTier | None):
     and eval's alike."""
     if screen is None:
         return None
-    encoder = getattr(static.encode, "__self__", None) if static is not None else None
+    encoder = static.embedding if static is not None else None
     if encoder is None or getattr(encoder, "digest", None) != screen.table:
         log.warning("prompt_guard.static_screen is off: " + ("no static tier serves" if encoder is None else
                     "fitted on another static table (run fit on the guard data again)"))

@@ -128,6 +128,12 @@ class StaticTier:
                                  "with (semantic-router fit saves them with the head it trains)")
             self.in_scope = (prototypes, floor)
 
+    @property
+    def embedding(self):
+        """The static embedding behind `encode` (a StaticEncoder; None for a bare function): the
+        table the guard's screen must have been fitted on, and its digest."""
+        return getattr(self.encode, "__self__", None)
+
     def decide(self, turns: Sequence[str]) -> Decision | None:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
         return self.weigh(turns)[0]

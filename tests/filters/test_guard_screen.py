@@ -61,6 +61,11 @@ def test_fit_sets_the_bar_under_every_held_out_attack_the_guard_catches(fitted, 
     assert any("static screen: clears" in note for note in fit.notes)
 
 
+def served(static):
+    """What a static tier offers the screen: its embedding and that embedding's encode."""
+    return SimpleNamespace(embedding=static, encode=static.encode)
+
+
 def guard_with(screen: StaticScreen, static, backend: FakeBackend):
     settings = {"head": {"weights": [0.0] * FakeBackend.dim, "bias": -8.0}, "threshold": 0.5,
                 "static_screen": {"weights": list(screen.weights), "bias": screen.bias, "below": screen.below,
@@ -68,7 +73,7 @@ def guard_with(screen: StaticScreen, static, backend: FakeBackend):
     batcher = ContinuousBatcher(backend, BatcherSettings())
     batcher.start()
     cfg = config()
-    engine = RoutingEngine(cfg, batcher, RouteClassifier(cfg, encode), static=SimpleNamespace(encode=static.encode))
+    engine = RoutingEngine(cfg, batcher, RouteClassifier(cfg, encode), static=served(static))
     return PromptGuard(settings), engine, batcher
 
 
@@ -106,10 +111,10 @@ def test_a_screen_fitted_on_another_table_is_off(fitted, static, caplog):
     _, fit = fitted
     other = StaticScreen(fit.screen.weights, fit.screen.bias, 0.99, "0" * 24)  # would clear almost anything
     caplog.set_level(logging.WARNING)
-    assert screen_embedding(other, SimpleNamespace(encode=static.encode)) is None
+    assert screen_embedding(other, served(static)) is None
     assert "fitted on another static table" in caplog.text
     assert screen_embedding(fit.screen, None) is None  # no static tier serves
-    assert screen_embedding(fit.screen, SimpleNamespace(encode=static.encode)) == static.encode
+    assert screen_embedding(fit.screen, served(static)) == static.encode
 
 
 @pytest.mark.parametrize("field, value, key", [("below", 0.0, "below"), ("below", 1.5, "below"),
