@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from bench.cascade_bench import split_tallies, wrk_script
+from bench.cascade_bench import ROUTED, split_tallies, wrk_script
 from bench.ext_proc_bench import launch_router
 from bench.frontend_bench import tree_cpu
 from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
@@ -26,8 +26,6 @@ from bench.report import emit
 from devstack.stack import ROOT, free_port
 from esr_config import load_config
 from esr_settings import dump
-
-ROUTED = ("matched", "default", "low_confidence")  # answers the router routed (a 403 is the guard's)
 
 
 def main() -> None:
