@@ -14,7 +14,6 @@ table at load, and refused where the table they were trained from is not this on
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 import logging
@@ -82,6 +81,11 @@ def ensure_static(model_dir: str | Path) -> Path:
 
 
 def distill(model_dir: str | Path, dimensions: int = DIMENSIONS) -> np.ndarray:
+    return reduced_table(token_vectors(model_dir), dimensions)
+
+
+def token_vectors(model_dir: str | Path) -> np.ndarray:
+    """(vocabulary, encoder dimension): each token's embedding, run through the encoder alone."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
@@ -96,7 +100,13 @@ def distill(model_dir: str | Path, dimensions: int = DIMENSIONS) -> np.ndarray:
         ids = np.arange(start, min(vocab, start + _BATCH), dtype=np.int64)
         batch = np.stack([np.full_like(ids, cls), ids, np.full_like(ids, sep)], axis=1)
         out.append(session.run(None, {"input_ids": batch, "attention_mask": np.ones_like(batch)})[0])
-    vectors = np.concatenate(out).astype(np.float64)
+    return np.concatenate(out)
+
+
+def reduced_table(token_vectors: np.ndarray, dimensions: int = DIMENSIONS) -> np.ndarray:
+    """The table: the token vectors centred, reduced by PCA, weighted by how rare each token is."""
+    vectors = token_vectors.astype(np.float64)
+    vocab = len(vectors)
     vectors -= vectors.mean(axis=0)
     _, _, components = np.linalg.svd(vectors, full_matrices=False)
     reduced = vectors @ components[: min(dimensions, components.shape[0])].T
@@ -131,21 +141,24 @@ class StaticEncoder:
         self.max_tokens = max_tokens  # the encoder's window, [CLS] and [SEP] included
         self.keep = keep
         self.dimension = self.table.shape[1]
+        # What identifies the table as served, for a head fitted on its vectors (the guard's static
+        # screen): what it was made from (weights, method, the rows trained over it), not its values,
+        # which another CPU class's GEMM kernels change in the last bits at distillation. A screen
+        # fitted on a laptop must stay on in the cluster.
+        self.digest = _identity(self.source)
         if trained is not None:
-            self.table = _laid_over(self.table, *load_trained(trained, self.source))
+            self._lay(*load_trained(trained, self.source))
 
     def with_rows(self, rows: np.ndarray, vectors: np.ndarray) -> "StaticEncoder":
         """This encoder with `rows` of its table replaced by `vectors` (fit's trained rows)."""
         other = copy.copy(self)
-        other.table = _laid_over(self.table, rows, vectors)
-        other.__dict__.pop("digest", None)  # another table
+        other._lay(rows, vectors)
         return other
 
-    @functools.cached_property
-    def digest(self) -> str:
-        """What identifies this table (its rows as served): a head fitted on its vectors (the guard's
-        static screen) is served only over the same."""
-        return hashlib.blake2b(np.ascontiguousarray(self.table).tobytes(), digest_size=12).hexdigest()
+    def _lay(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+        rows, vectors = rows.astype(np.int64), vectors.astype(np.float32)
+        self.table = _laid_over(self.table, rows, vectors)
+        self.digest = _identity(self.digest, rows, vectors)
 
     def token_ids(self, text: str) -> list[int]:
         """The tokens the encoder reads of `text` (its own cut), less [CLS] and [SEP], which say nothing."""
@@ -169,6 +182,13 @@ class StaticEncoder:
         one /= len(ids)
         norm = np.sqrt(np.add.reduce(one * one, axis=1, keepdims=True))
         return one / norm if norm[0, 0] != 0 else one
+
+
+def _identity(base: str, *arrays: np.ndarray) -> str:
+    h = hashlib.blake2b(base.encode(), digest_size=12)
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def _laid_over(table: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> np.ndarray:

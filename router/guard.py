@@ -64,7 +64,7 @@ class StaticScreen:
     """Lets a request on without the encoder where every piece scores below `below` on a logistic
     head over the static tier's embedding (`fit` trains it beside the guard's head, on the same
     split, and sets `below` well under every held-out attack the guard catches). It only ever
-    clears: what it does not clear the guard scores as before. `table`: the digest of the static
+    clears: what it does not clear the guard scores as before. `table`: what identifies the static
     table the head was fitted on (StaticEncoder.digest); served over another, the screen is off."""
 
     weights: tuple[float, ...]

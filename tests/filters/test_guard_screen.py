@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -115,6 +118,31 @@ def test_a_screen_fitted_on_another_table_is_off(fitted, static, caplog):
     assert "fitted on another static table" in caplog.text
     assert screen_embedding(fit.screen, None) is None  # no static tier serves
     assert screen_embedding(fit.screen, served(static)) == static.encode
+
+
+def test_a_screen_stays_on_over_the_same_table_distilled_on_another_cpu(fitted, static, tmp_path):
+    """Another CPU class's kernels make the distilled table anew with other last bits: the screen
+    fitted over this machine's table serves there, and clears what it clears here."""
+    from esr_model.location import EXPORT_DIR, resolve_model
+    from esr_model.static_embedding import STATIC_FILE, StaticEncoder
+
+    reqs, fit = fitted
+    model_dir = Path(resolve_model(config(static_tier={"enabled": True}).encoder.model))
+    there = tmp_path / "model"
+    shutil.copytree(model_dir, there, copy_function=os.symlink, ignore=shutil.ignore_patterns(EXPORT_DIR))
+    (there / EXPORT_DIR).mkdir()
+    for name in ("model.onnx", "source.json"):
+        os.symlink(model_dir / EXPORT_DIR / name, there / EXPORT_DIR / name)
+    noise = 1 + 1e-6 * np.random.default_rng(0).standard_normal(static.table.shape)
+    np.savez(there / EXPORT_DIR / STATIC_FILE, table=(static.table * noise).astype(np.float32),
+             source=np.asarray(static.source))
+    other = StaticEncoder(there, static.max_tokens, static.keep)
+    assert not np.array_equal(other.table, static.table) and other.digest == static.digest
+    assert screen_embedding(fit.screen, served(other)) == other.encode
+    assert list(screened(fit.screen, other.encode, reqs)) == list(screened(fit.screen, static.encode, reqs))
+    rows = np.asarray(static.token_ids("salary"), dtype=np.int64)
+    retrained = other.with_rows(rows, np.ones((len(rows), static.dimension), dtype=np.float32))
+    assert retrained.digest != static.digest  # rows trained over it make it another table
 
 
 @pytest.mark.parametrize("field, value, key", [("below", 0.0, "below"), ("below", 1.5, "below"),
