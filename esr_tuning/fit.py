@@ -194,9 +194,11 @@ def _on_scale(source: RouterConfig, classifier: ClassifierConfig) -> RouterConfi
     routes = tuple(dataclasses.replace(r, threshold=None) for r in source.routes)
     if classifier.scale == source.classifier.scale:
         return dataclasses.replace(source, classifier=classifier, routes=routes)
+    # The static tier's thresholds and margins are on the scale too (fit fits the tier afresh after).
+    static = dataclasses.replace(source.static_tier, thresholds={}, accept={})
     return dataclasses.replace(source, classifier=classifier, routes=routes,
                                default_threshold=RouterConfig.default_threshold,  # the field's default
-                               conversation=dataclasses.replace(source.conversation, gate=None))
+                               conversation=dataclasses.replace(source.conversation, gate=None), static_tier=static)
 
 
 def _best_of(candidates: list[RouterConfig], encode, head: LinearHead | None, embeddings: np.ndarray,

@@ -52,11 +52,13 @@ def test_fit_head_writes_a_config_that_serves(data):
 @pytest.mark.processes
 def test_refit_onto_another_score_scale_writes_a_config_that_loads(data, tmp_path):
     # A hand-set energy default_threshold and gate (above 1) under a probability head: fit resets
-    # them, and the written file must say so, or it is refused at load.
+    # them, and the written file must say so, or it is refused at load. So with a fitted static
+    # tier's energy thresholds and margins (a fitted config fitted again).
     fitted = yaml.safe_load((data / "clinc.yaml").read_text())
     fitted["classifier"] = {"method": "head", "head_score": "energy"}
     fitted["default_threshold"] = 7.0
     fitted["conversation"] = {"policy": "track", "max_turns": 4, "gate": 9.0}
+    fitted["static_tier"] = {"thresholds": {"banking": 6.5}, "accept": {"banking": 2.5}}
     source = tmp_path / "energy.yaml"
     source.write_text(yaml.safe_dump(fitted))
     out_cfg = tmp_path / "probability.yaml"
@@ -67,6 +69,7 @@ def test_refit_onto_another_score_scale_writes_a_config_that_loads(data, tmp_pat
     written = load_config(out_cfg)
     assert written.default_threshold == 0.5 and written.conversation.gate is None
     assert written.conversation.max_turns == 4  # the rest of the section stays
+    assert all(-1 <= v <= 1 for v in written.static_tier.thresholds.values())  # fitted afresh
     ev = cli("eval", "--config", str(out_cfg), "--data", str(data / "val.jsonl"), "--json")
     assert ev.returncode == 0, ev.stderr
 
