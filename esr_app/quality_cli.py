@@ -165,7 +165,9 @@ def _guard_settings(config: RouterConfig):
 
 
 def piece_vectors(encoder, requests) -> dict:
-    return text_vectors(encoder, sorted({p for r in requests for p in r.pieces} | {r.text for r in requests}))
+    from esr_tuning.guard import guard_texts
+
+    return text_vectors(encoder, guard_texts(requests))
 
 
 def _guard_scorer(settings, encoder):

@@ -131,6 +131,12 @@ def split_groups(requests: Sequence[GuardRequest], holdout: float, seed: int) ->
     return train, test
 
 
+def guard_texts(requests: Sequence[GuardRequest]) -> list[str]:
+    """Every text a guard fit reads the embedding of: each request's pieces (what is scored) and its
+    whole text (a blocked request's is the head's positive example)."""
+    return sorted({p for r in requests for p in r.pieces} | {r.text for r in requests})
+
+
 def train_guard_head(requests: Sequence[GuardRequest], vectors: dict[str, np.ndarray], seed: int = 0) -> GuardHead:
     """A logistic head: blocked requests' own texts against every piece of the allowed ones (what it
     will score when serving), the two sides weighted alike."""
@@ -172,7 +178,7 @@ def static_head(requests: Sequence[GuardRequest], train: Sequence[int], static,
                 seed: int = 0) -> tuple[GuardHead, dict[str, np.ndarray]]:
     """The screen's head: a guard head on `static`'s vectors (a StaticEncoder), trained on the guard
     head's split; and those vectors, for every text of `requests`."""
-    texts = sorted({p for r in requests for p in r.pieces} | {r.text for r in requests})
+    texts = guard_texts(requests)
     vectors = dict(zip(texts, static.encode(texts)))
     return train_guard_head([requests[i] for i in train], vectors, seed), vectors
 
