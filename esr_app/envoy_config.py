@@ -16,8 +16,8 @@ from esr_config import RouterConfig
 
 from esr_extproc.config import BackendConfig
 from esr_extproc import attempt_log, keeper
-from esr_extproc.headers import (ATTEMPT_MODEL, ATTEMPTS, CACHE_KEEPER, CACHE_NAMESPACE, CHAIN, LLM_PATHS, MODEL_AT,
-                                 MODEL_METADATA, PINNED_NAMESPACE, ROUTE, ROUTER_HEADERS, SELECTED_MODEL, SENT_AT,
+from esr_extproc.headers import (ATTEMPT_MODEL, ATTEMPTS, CACHE_KEEPER, CACHE_NAMESPACE, CHAIN, DECIDED_NAMESPACE,
+                                 LLM_PATHS, MODEL_AT, MODEL_METADATA, PINNED_NAMESPACE, ROUTE, ROUTER_HEADERS, SELECTED_MODEL, SENT_AT,
                                  SERVED_MODEL, SHOWN_TO_CLIENTS, WRITTEN_MODEL)
 from router.config import FailoverConfig
 
@@ -129,12 +129,24 @@ _EXT_PROC_OFF = {"envoy.filters.http.ext_proc": {
     "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True}}
 NOT_FOUND = ('{"error":{"message":"Not found: this gateway serves only LLM API paths.",'
              '"type":"invalid_request_error","param":null,"code":"not_found"}}')
+UNDECIDED_REFUSED = ('{"error":{"message":"The gateway could not examine this request; retry shortly.",'
+                     '"type":"api_error","param":null,"code":"router_unavailable"}}')
+# The router's mark (headers.DECIDED_NAMESPACE): present on every request it decided.
+DECIDED = {"filter": DECIDED_NAMESPACE, "path": [{"key": "reason"}], "value": {"present_match": True}}
+UNDECIDED_STATS = "semantic_router_undecided"  # the undecided routes' stat prefix (Envoy counts them itself)
+
+
+def _json_reply(status: int, body: str, headers: dict[str, str]) -> dict:
+    return {"direct_response": {"status": status, "body": {"inline_string": body}},
+            "response_headers_to_add": [{"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+                                        for k, v in {"content-type": "application/json", **headers}.items()]}
 
 
 def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[dict]:
-    """LLM paths to the backend the router selected (the default backend when it selected none:
-    skipped, failed or down); listed passthrough prefixes to the default backend unexamined;
-    anything else a 404 from Envoy, so no request reaches a backend unseen by the router."""
+    """LLM paths to the backend the router selected, only with its mark (DECIDED); an LLM call without
+    it by the undecided policy (envoy.undecided: the default backend, or a pinned model's, or a 503);
+    listed passthrough prefixes to the default backend unexamined; anything else a 404 from Envoy. No
+    path the router did not decide reaches a backend as if decided."""
     upstream = f"{config.envoy.upstream_timeout_s:g}s"
     default = {"cluster": config.default_route.model, "timeout": upstream}
     llm = {"safe_regex": {"regex": llm_path_regex()}}
@@ -145,16 +157,18 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
     routes: list[dict[str, Any]] = [
         {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}},
-                                      {"name": ROUTE, "string_match": {"exact": route}}]},
+                                      {"name": ROUTE, "string_match": {"exact": route}}],
+                   "dynamic_metadata": [DECIDED]},
          "route": {"cluster": chain_cluster(chain), "timeout": upstream, "retry_policy": _retry_policy(chain, timeout)}}
         for route, chain, timeout in failover_chains(config)
     ]
     routes += [
-        {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}]},
+        {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}], "dynamic_metadata": [DECIDED]},
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
-    if config.envoy.reads_pinned_model:
+    undecided = len(routes)
+    if config.envoy.reads_pinned_model and not config.refuses_undecided:
         # Where the router chose nothing (it shed the request at its headers, failed or is down), a
         # body that names a backend model still reaches it (_pinned_model_reader); the rest, the default.
         routes += [
@@ -163,19 +177,44 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
              "route": {"cluster": b.model, "timeout": upstream}}
             for b in backends
         ]
-    routes.append({"match": llm, "route": default})
+    if config.refuses_undecided:
+        routes.append({"match": llm, **_json_reply(503, UNDECIDED_REFUSED, {"retry-after": "1"})})
+    else:
+        routes.append({"match": llm, "route": default})
+        routes[-1]["response_headers_to_add"] = []
     for r in routes:  # what answered, and after how many tries (docs/failover.md)
-        r["response_headers_to_add"] = [served, attempts]
+        r.setdefault("response_headers_to_add", []).extend([served, attempts])
+    for r in routes[undecided:]:
+        r["stat_prefix"] = UNDECIDED_STATS
     routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
                for prefix in config.envoy.passthrough_paths]
-    routes.append({
-        "match": {"prefix": "/"},
-        "direct_response": {"status": 404, "body": {"inline_string": NOT_FOUND}},
-        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
-                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-        "typed_per_filter_config": _EXT_PROC_OFF,
-    })
+    routes.append({"match": {"prefix": "/"}, **_json_reply(404, NOT_FOUND, {}), "typed_per_filter_config": _EXT_PROC_OFF})
     return routes
+
+
+def _undecided_logs() -> list[dict]:
+    """Each LLM call that ends without the router's mark, logged by Envoy: a JSON line on its own
+    standard output (there also while no router answers) and to the router, which counts it by why
+    (esr_extproc/attempt_log.py). No prompt, no client header: the request id, the why, the outcome."""
+    unmarked = {"and_filter": {"filters": [
+        {"header_filter": {"header": {"name": ":method", "string_match": {"exact": "POST"}}}},
+        {"header_filter": {"header": {"name": ":path", "string_match": {"safe_regex": {"regex": llm_path_regex()}}}}},
+        # Envoy's access-log metadata filter ignores `invert`: a present mark (a string) is never null,
+        # so only an absent one logs.
+        {"metadata_filter": {"matcher": {**DECIDED, "value": {"null_match": {}}}, "match_if_key_not_found": True}},
+    ]}}
+    line = {"event": "semantic_router_undecided", "why": f"%DYNAMIC_METADATA({DECIDED_NAMESPACE}:undecided)%",
+            "status": "%RESPONSE_CODE%", "cluster": "%UPSTREAM_CLUSTER%", "flags": "%RESPONSE_FLAGS%",
+            "details": "%RESPONSE_CODE_DETAILS%", "request_id": "%REQ(X-REQUEST-ID)%", "time": "%START_TIME%"}
+    return [
+        {"name": "envoy.access_loggers.stdout", "filter": unmarked, "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+            "log_format": {"json_format": line}}},
+        {"name": "envoy.access_loggers.http_grpc", "filter": unmarked, "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {"log_name": attempt_log.UNDECIDED_LOG, "transport_api_version": "V3",
+                              "grpc_service": {"envoy_grpc": {"cluster_name": ROUTER_CLUSTER}}}}},
+    ]
 
 
 def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None]]:
@@ -350,7 +389,7 @@ def _ext_proc_filter(config: RouterConfig) -> dict:
             "message_timeout": _ms(timeout),
             "allow_mode_override": True,
             # Where the router names a kept answer's entry for the cache keeper (_cache_keeper).
-            "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE]},
+            "metadata_options": {"receiving_namespaces": {"untyped": [CACHE_NAMESPACE, DECIDED_NAMESPACE]},
                                  **({"forwarding_namespaces": {"untyped": [PINNED_NAMESPACE]}}
                                     if config.envoy.reads_pinned_model else {})},
             "processing_mode": {
@@ -462,6 +501,7 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
         "typed_config": {
             "@type": _HCM_TYPE,
             "stat_prefix": "llm_gateway",
+            "access_log": _undecided_logs(),
             "common_http_protocol_options": {"max_headers_count": e.max_request_headers, "idle_timeout": "300s"},
             # Bounded waits for a client: headers within 10 s, the whole request within
             # request_timeout_s (then 408), so a stalled upload cannot hold its buffer forever.

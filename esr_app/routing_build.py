@@ -129,7 +129,8 @@ def service_settings(config: RouterConfig, engine: RoutingEngine) -> ServiceSett
                            server=config.server, cache=config.cache,
                            set_body={**{r.name: r.set_body for r in config.routes if r.set_body},
                                      config.default_route.name: config.default_route.set_body},
-                           shed_wait_s=config.server.shed_wait_s(static_tier=engine.static is not None))
+                           shed_wait_s=config.server.shed_wait_s(static_tier=engine.static is not None),
+                           refuse_undecided=config.refuses_undecided)
 
 
 # Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose

@@ -63,3 +63,13 @@ class RouterConfig(RoutingConfig):
             require(isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0, f"prices.{model}",
                     "must be a number, 0 or more")
         self.require_models_once(self.backends, "backends", "has two backends")
+
+    @property
+    def refuses_undecided(self) -> bool:
+        """envoy.undecided resolved: whether Envoy refuses (503) an LLM call the router did not decide,
+        and the router refuses (429) one it would shed. auto: where a prompt guard blocks what it
+        cannot examine, no path may take a request past it unread."""
+        if self.envoy.undecided != "auto":
+            return self.envoy.undecided == "refuse"
+        guard = self.filter_settings.get("prompt_guard") or {}
+        return "prompt_guard" in self.filters and isinstance(guard, dict) and guard.get("on_error") == "block"

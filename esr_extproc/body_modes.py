@@ -94,4 +94,17 @@ def too_late_to_route(answer: pb.ProcessingResponse) -> pb.ProcessingResponse:
     if answer.HasField("immediate_response"):
         return answer
     metrics.REQUESTS.labels("too_late_to_route").inc()
-    return replies.body_continue()
+    return replies.body_undecided("too_late_to_route")
+
+
+def whole_before_trailers(stream: RequestStream) -> bool:
+    """Whether a body message without end_of_stream is the whole body all the same: trailers end the
+    request (HTTP/2, or chunked HTTP/1.1), and Envoy sends a body it buffers (BUFFERED, or STREAMED
+    with the override taken, where the declared length says it is all there) before them. Left
+    unanswered as a part, it would go on undecided; the trailers carry nothing the router reads."""
+    if not stream.llm_call:
+        return False
+    if stream.body_mode == replies.BUFFERED:
+        return True
+    declared = stream.headers.get("content-length", "")
+    return stream.streamed and not stream.unbuffered and declared.isdigit() and int(declared) == stream.body_bytes

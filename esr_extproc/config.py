@@ -38,12 +38,17 @@ class ServerConfig:
     gateway_model_header: str | None = "x-gateway-model-name"
     gateway_base_model_header: str | None = "x-gateway-base-model-name"
     base_models: dict = field(default_factory=dict)  # backend model -> the base model it adapts
-    # LLM calls a process routes at once (headers answered, body not yet): past it, a new one is shed
-    # at its headers (reason fallback_overload, skip the body), before it costs the event loop a
-    # parse, so every message is still answered before Envoy's message timeout (docs/static-tier.md#overload).
-    # A shed request goes to the backend its body's `model` names (the rendered config reads it:
-    # json_to_metadata), else the default route. 0: never shed. Buffered body mode only.
+    # LLM calls a process decides at once (whole body in hand, not yet answered): past it, a new one
+    # is shed at its headers (reason fallback_overload, skip the body), before it costs the event loop
+    # a parse, so every message is still answered before Envoy's message timeout
+    # (docs/static-tier.md#overload). A shed request takes envoy.undecided's policy; where that
+    # refuses, the router answers 429 with retry-after instead. An upload still arriving holds no
+    # slot. 0: never shed. Buffered body mode only.
     max_in_flight: int = 128
+    # The share of max_in_flight one client (its address, as Envoy saw it) or one tenant (its
+    # credential: cache.tenant_header, else authorization) may hold; past it, that client's new calls
+    # are shed (fallback_client_share) and everyone else's still decided. 1: no share.
+    client_share: float = 0.5
     # Also shed at the headers a request that waited this long between Envoy sending it on and the
     # router reading it (the rendered config stamps it: headers.SENT_AT): its body message would
     # wait as long again, and Envoy's message timeout (message_timeout_ms) would pass it on
@@ -70,6 +75,7 @@ class ServerConfig:
             require(value is None or bool(_HEADER.match(value)), name, "must be a lower-case header name")
         require(self.health_port is None or 1 <= self.health_port <= 65535, "health_port", "must be a port number")
         require(self.max_in_flight >= 0, "max_in_flight", "must not be negative (0: never shed)")
+        require(0.0 < self.client_share <= 1.0, "client_share", "must be above 0 and at most 1")
         require(self.shed_wait_ms is None or self.shed_wait_ms >= 0, "shed_wait_ms",
                 "must not be negative (0: never shed)")
         for model, base in self.base_models.items():
@@ -166,6 +172,11 @@ class EnvoyConfig:
     # (None), or the standard one it also sets (server.gateway_model_header), as an Inference
     # Extension HTTPRoute does.
     route_header: str | None = None
+    # What Envoy does with an LLM call the router did not decide (no mark: router down, shed, out of
+    # time, a body it never saw whole). default: the default route (fail open; a body's own backend
+    # `model` still reaches it). refuse: a 503 from Envoy, nothing reaches a backend. auto: refuse
+    # where a prompt guard blocks what it cannot examine (on_error: block), else default.
+    undecided: Literal["auto", "default", "refuse"] = "auto"
 
     @property
     def reads_pinned_model(self) -> bool:
@@ -182,6 +193,8 @@ class EnvoyConfig:
             require(prefix.startswith("/") and prefix.isprintable() and " " not in prefix,
                      f"passthrough_paths[{i}]", "must be a path starting with '/'")
         require(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
+        require(self.undecided in ("auto", "default", "refuse"), "undecided",
+                f"must be auto, default or refuse, got {self.undecided!r}")
         require(self.max_heap_bytes >= 64 * 1024 * 1024, "max_heap_bytes", "must be at least 64 MiB")
         require(20 <= self.max_request_headers <= 10000, "max_request_headers", "must be between 20 and 10000")
         for name in ("listen_port", "admin_port", "stats_port"):

@@ -43,6 +43,12 @@ CACHE_NAMESPACE = "semantic_router.cache"
 # router: routes read it when the router chose nothing, and the router, sent it, knows that a
 # request it sheds at the headers still reaches the model it pins.
 PINNED_NAMESPACE = "semantic_router.pinned"
+# The dynamic-metadata namespace the router marks each request it decided in (`reason`: why it went
+# where it goes), or says why it left one undecided (`undecided`). The rendered routes send a request
+# to a backend only with the mark; every other one takes the configured undecided policy
+# (envoy.undecided). Only the router's answers write this namespace: a client cannot, and no header
+# or body can forge or replay it (docs/bad-input.md#undecided-requests).
+DECIDED_NAMESPACE = "semantic_router.decided"
 SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED)  # copied onto responses by Envoy
 # Set on responses by the rendered config: the model that answered (an attempt's upstream filter, or
 # the route) and how many models were tried (docs/failover.md).

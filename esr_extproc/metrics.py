@@ -27,8 +27,14 @@ STREAMS = Counter("semantic_router_ext_proc_streams_total",
                   "ext_proc streams (one per HTTP request) each process took: how the workers share the load.",
                   ["process"])
 SHED = Counter("semantic_router_shed_at_headers_total",
-               "LLM calls shed at their headers (server.max_in_flight reached, or waited past server.shed_wait_ms): "
-               "Envoy routes them on the body's model itself, else to the default route.")
+               "LLM calls shed at their headers, by why: fallback_overload (server.max_in_flight reached, or waited "
+               "past server.shed_wait_ms), fallback_client_share (one client's or tenant's share of it). Envoy takes "
+               "them by envoy.undecided, or the router refuses them (429) where that refuses.", ["why"])
+UNDECIDED = Counter("semantic_router_undecided_total",
+                    "LLM calls that left Envoy without the router's decision, as Envoy's rendered config reports "
+                    "them (esr_extproc/attempt_log.py): by why (the router's own word, else no_answer: down, "
+                    "out of time or failed) and outcome (default_route: sent on by the undecided policy; refused).",
+                    ["why", "outcome"])
 RECORDS = Counter("semantic_router_decision_records_total",
                   "Decision records, by outcome: written, or dropped (rate_limited, queue_full) or failed (error).",
                   ["outcome"])

@@ -13,7 +13,10 @@ from envoy.type.v3 import http_status_pb2
 
 from filters.context import ImmediateReply
 
-from esr_extproc.headers import CACHE_KEEPER, CACHE_NAMESPACE, EPP_DESTINATION, ROUTER_HEADERS, SENT_AT
+from google.protobuf import struct_pb2
+
+from esr_extproc.headers import (CACHE_KEEPER, CACHE_NAMESPACE, DECIDED_NAMESPACE, EPP_DESTINATION, ROUTER_HEADERS,
+                                 SENT_AT)
 
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
@@ -44,6 +47,26 @@ def _mutation(mutation: pb.HeaderMutation, set_headers: Mapping[str, str], remov
         option.header.raw_value = v.encode()
         option.append_action = _OVERWRITE
     mutation.remove_headers.extend(remove)
+
+
+@functools.lru_cache(maxsize=256)  # one per reason (a handful) and per undecided why
+def _metadata(key: str, value: str) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update({DECIDED_NAMESPACE: {key: value}})
+    return struct
+
+
+def _decided(answer: pb.ProcessingResponse, reason: str) -> pb.ProcessingResponse:
+    """`answer` with the router's mark (headers.DECIDED_NAMESPACE): the rendered routes send on to a
+    backend only a request that carries it."""
+    answer.dynamic_metadata.MergeFrom(_metadata("reason", reason))
+    return answer
+
+
+def _undecided(answer: pb.ProcessingResponse, why: str) -> pb.ProcessingResponse:
+    """`answer` saying why the router let the request on undecided (no mark: the undecided policy)."""
+    answer.dynamic_metadata.MergeFrom(_metadata("undecided", why))
+    return answer
 
 
 # A client's copies of the router's headers, the keeper's header (for the router only) and the
@@ -97,37 +120,44 @@ def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.Processin
     return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_SKIP_BODY)
 
 
-def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str]) -> pb.ProcessingResponse:
+def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str], why: str) -> pb.ProcessingResponse:
     """Shed at the headers phase: no body for the router, `headers` set and no route chosen, so Envoy
-    routes on what it read of the body itself (a pinned model), else to the default route."""
+    takes the request by its undecided policy (envoy.undecided), saying `why`."""
     answer = pb.ProcessingResponse(mode_override=_SKIP_BODY)
     common = answer.request_headers.response
     _mutation(common.header_mutation, headers, (*_STRIPPED, *also))
     common.clear_route_cache = True
-    return answer
+    return _undecided(answer, why)
 
 
-def headers_routed(headers: Mapping[str, str]) -> pb.ProcessingResponse:
-    """Decided at the headers phase (no body will come): strip client copies, set the route."""
+def headers_routed(headers: Mapping[str, str], reason: str) -> pb.ProcessingResponse:
+    """Decided at the headers phase (no body will come): strip client copies, set the route, mark it."""
     answer = pb.ProcessingResponse()
     common = answer.request_headers.response
     _mutation(common.header_mutation, headers, ROUTER_HEADERS)
     common.clear_route_cache = True
-    return answer
+    return _decided(answer, reason)
 
 
 def body_continue() -> pb.ProcessingResponse:
+    """A body part answered as it came (not the whole body: nothing decided yet)."""
     return pb.ProcessingResponse(request_body=pb.BodyResponse())
 
 
-def body_routed(headers: Mapping[str, str], new_body: bytes | None, remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
+def body_undecided(why: str) -> pb.ProcessingResponse:
+    """The whole body let on unmarked: Envoy takes it by its undecided policy, and logs `why`."""
+    return _undecided(pb.ProcessingResponse(request_body=pb.BodyResponse()), why)
+
+
+def body_routed(headers: Mapping[str, str], new_body: bytes | None, reason: str,
+                remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
     answer = pb.ProcessingResponse()
     common = answer.request_body.response
     _mutation(common.header_mutation, headers, remove)
     common.clear_route_cache = True
     if new_body is not None:
         common.body_mutation.body = new_body
-    return answer
+    return _decided(answer, reason)
 
 
 def naming_cache_entry(answer: pb.ProcessingResponse, token: str) -> pb.ProcessingResponse:
@@ -141,7 +171,7 @@ def immediate(reply: ImmediateReply, headers: Mapping[str, str],
     answer = pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=reply.status), body=reply.body, details=details))
     _mutation(answer.immediate_response.headers, {**reply.headers, **headers})
-    return answer
+    return _decided(answer, "answered")  # by the router itself: no backend is reached
 
 
 _PASS_THROUGH = {

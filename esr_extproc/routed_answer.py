@@ -25,6 +25,14 @@ def refusal(status: int, message: str, code: str) -> pb.ProcessingResponse:
     return replies.immediate(openai_error(status, message, code), {})
 
 
+def shed_refusal(why: str) -> pb.ProcessingResponse:
+    """A call the router would shed where the undecided policy refuses (envoy.undecided): a 429 to
+    retry, never a way past the guard."""
+    metrics.REQUESTS.labels("rejected_overload").inc()
+    reply = openai_error(429, "The gateway is busy; retry shortly.", "rate_limit_exceeded", kind="rate_limit_error")
+    return replies.immediate(reply, {"retry-after": "1", REASON: why})
+
+
 def cache_hit(body: bytes, headers: dict[str, str], decision: Decision) -> pb.ProcessingResponse:
     metrics.REQUESTS.labels("cache_hit").inc()
     route = {ROUTE: decision.route, SELECTED_MODEL: decision.model, REASON: decision.reason}
@@ -65,9 +73,9 @@ def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision
     if new_body is not None:
         headers["content-length"] = str(len(new_body))
     if at_headers:
-        return replies.headers_routed(headers)
+        return replies.headers_routed(headers, decision.reason)
     plain = wire is not None and wire.inflated
-    return replies.body_routed(headers, new_body, remove=("content-encoding",) if plain else ())
+    return replies.body_routed(headers, new_body, decision.reason, remove=("content-encoding",) if plain else ())
 
 
 def _safe_extra(ctx: RequestContext) -> dict[str, str]:

@@ -18,7 +18,7 @@ from esr_cache.exchange import CacheExchange
 from esr_cache.keys import tenant_of
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limit, part_past_buffer, refused_override,
-                                    too_late_to_route)
+                                    too_late_to_route, whole_before_trailers)
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
@@ -27,9 +27,9 @@ from esr_extproc.keeper import entry_token
 from esr_extproc.records import DecisionRecorder, decision_record
 from esr_extproc.tracing import Tracing, decision_attributes
 from esr_extproc.request_reader import read_request, unread
-from esr_extproc.routed_answer import refusal
+from esr_extproc.routed_answer import refusal, shed_refusal
 from esr_extproc.serving import Serving
-from esr_extproc.shedding import overloaded, waited_s
+from esr_extproc.shedding import Admission, holders, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 from router import capabilities
 from router.engine import RoutingEngine
@@ -62,7 +62,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         # the first engine is built.
         self.serving: Serving | None = None
         self._bodies = BodyParser()
-        self.in_flight = 0  # LLM calls admitted at their headers whose answer is not yet sent (server.max_in_flight)
+        self.admission = Admission()  # LLM calls being decided (server.max_in_flight, server.client_share)
 
     def start(self) -> None:
         """Starts what serving needs beside the engine: the worker process for large bodies."""
@@ -70,6 +70,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     def serve(self, serving: Serving) -> None:
         self.serving = serving
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.total
 
     @property
     def engine(self) -> RoutingEngine | None:
@@ -112,7 +116,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     if stream.duplex:
                         for answer in await duplex_chunk(stream, chunk.end_of_stream, self._limit(), self._on_body):
                             await context.write(answer)
-                    elif chunk.end_of_stream:
+                    elif chunk.end_of_stream or whole_before_trailers(stream):
+                        self._admit(stream)
                         answer = over_limit(stream, self._limit()) or await self._on_body(stream)
                         self._release(stream)  # answered: what the stream waits for now is the backend's
                         await context.write(too_late_to_route(answer) if stream.unbuffered else answer)
@@ -138,10 +143,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         finally:
             self._release(stream)
 
+    def _admit(self, stream: RequestStream) -> None:
+        """The whole body is here: from now to its answer the call holds a slot (shedding.Admission)."""
+        if stream.holders is not None and not stream.admitted:
+            stream.admitted = True
+            self.admission.admit(stream.holders)
+
     def _release(self, stream: RequestStream) -> None:
         if stream.admitted:
             stream.admitted = False
-            self.in_flight -= 1
+            self.admission.release(stream.holders)
 
     def _limit(self) -> int | None:
         """Envoy's own request limit, the most a held body may grow to (None: not serving yet)."""
@@ -187,12 +198,15 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                                     "zstd or uncompressed.", "unsupported_content_encoding")
             stream.encoding = encoding
         if current is not None and not headers.end_of_stream and stream.body_mode == replies.BUFFERED and sheddable:
-            if overloaded(current.settings, self.in_flight, waited):
-                metrics.REQUESTS.labels("fallback_overload").inc()
-                metrics.SHED.inc()
-                return replies.headers_shed(spoofed, standard, {REASON: "fallback_overload"})
-            stream.admitted = True
-            self.in_flight += 1
+            keys = holders(h, current.settings.cache.tenant_header)
+            why = self.admission.shed(current.settings, keys, waited)
+            if why is not None:
+                metrics.SHED.labels(why).inc()
+                if current.settings.refuse_undecided:  # Envoy would refuse it unmarked: say when to retry
+                    return shed_refusal(why)
+                metrics.REQUESTS.labels(why).inc()
+                return replies.headers_shed(spoofed, standard, {REASON: why}, why)
+            stream.holders = keys
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
             if current is not None:
                 metrics.BAD_REQUESTS.labels("empty").inc()
@@ -223,7 +237,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         current = self.serving
         if current is None:  # model still loading: let Envoy's default route take it
             metrics.REQUESTS.labels("not_ready").inc()
-            return replies.body_continue()
+            return replies.body_undecided("not_ready")
         engine = current.engine
         deadline = stream.started + current.settings.deadline_s
         raw = b"".join(stream.body)

@@ -26,6 +26,9 @@ class ServiceSettings:
     cache: CacheConfig = field(default_factory=CacheConfig)  # its matching policy (the store is the process's)
     set_body: Mapping[str, dict] = field(default_factory=dict)  # route -> the members it writes (routes[].set_body)
     shed_wait_s: float = 0.0  # server.shed_wait_ms resolved for this engine (ServerConfig.shed_wait_s); 0: never
+    # envoy.undecided resolved (RouterConfig.refuses_undecided): a request the router would shed is
+    # refused (429, retry-after) instead, since Envoy would refuse it unmarked anyway.
+    refuse_undecided: bool = False
 
 
 class Serving(NamedTuple):

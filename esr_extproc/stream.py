@@ -28,7 +28,7 @@ def canonical_path(path: str) -> str:
 
 
 class RequestStream:
-    __slots__ = ("started", "path", "method", "headers", "body", "body_bytes", "encoding", "body_mode", "admitted",
+    __slots__ = ("started", "path", "method", "headers", "body", "body_bytes", "encoding", "body_mode", "admitted", "holders",
                  "held_headers", "unbuffered", "cache", "trace_metadata", "outcome")
 
     def __init__(self) -> None:
@@ -43,7 +43,8 @@ class RequestStream:
         self.body_bytes = 0
         self.encoding: str | None = None  # the body's content-encoding, one encodings.inflate reads
         self.body_mode = replies.BUFFERED  # as Envoy's first message says (protocol_config)
-        self.admitted = False  # counted in the service's in_flight until its body is answered
+        self.admitted = False  # holds a slot (the service's admission) until its body is answered
+        self.holders: tuple[str, ...] | None = None  # whom its slot counts against; None: not admitted here
         self.held_headers: pb.ProcessingResponse | None = None  # full duplex: the answer the body completes
         self.unbuffered = False  # streamed: the body came on in chunks, the override refused
         self.cache: CacheExchange | None = None  # None: its answer is neither looked up nor kept

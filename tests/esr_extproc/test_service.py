@@ -468,7 +468,10 @@ def test_streamed_bodies_are_asked_for_whole_and_a_refused_override_is_never_a_m
                                        pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[20:], end_of_stream=True)))
             assert [a.WhichOneof("response") for a in answers] == ["request_headers", "request_body", "request_body"]
             # Neither a rewritten body for a backend routing never chose, nor headers too late to act on.
-            assert answers[2] == pb.ProcessingResponse(request_body=pb.BodyResponse())
+            assert answers[2].request_body == pb.BodyResponse()
+            # Unmarked, saying why: Envoy takes it by its undecided policy, never as routed.
+            said = answers[2].dynamic_metadata.fields["semantic_router.decided"].struct_value.fields
+            assert dict(said).keys() == {"undecided"} and said["undecided"].string_value == "too_late_to_route"
             after = REGISTRY.get_sample_value("semantic_router_bad_requests_total", {"kind": "streamed_unbuffered"})
             assert after == before + 1
 
@@ -546,12 +549,20 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
         cfg = {**CONFIG, "server": {"max_in_flight": 2}}
         async with Harness(cfg, backend) as h:
             held = [h.stub.Process() for _ in range(2)]
-            for call in held:  # two admitted at their headers: their bodies are not yet answered
+            for call in held:  # headers alone hold no slot: an upload still on its way costs the router nothing
                 await call.write(read_by_envoy(headers_msg()))
                 answer = await call.read()
                 assert not answer.HasField("mode_override")
+            assert h.service.in_flight == 0
+            for i, call in enumerate(held):  # whole bodies, held on the model: two slots
+                await call.write(body_msg(chat(f"solve {i}x + 5 = 20")))
+            for _ in range(500):
+                if h.service.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
             assert h.service.in_flight == 2
-            shed_before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") or 0.0
+            shed_before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
+                                                    {"why": "fallback_overload"}) or 0.0
             # Behind a gateway whose Envoy has not read the body's model, a shed request would lose its
             # pin: nothing is shed there.
             (kept,) = await h.exchange(headers_msg())
@@ -564,13 +575,19 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
             # No model chosen: Envoy routes on the body's own `model` (json_to_metadata), else the default.
             assert set_ == {"x-semantic-route-reason": "fallback_overload"}
             assert "x-selected-model" in common.header_mutation.remove_headers
-            assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total") == shed_before + 1
+            assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
+                                             {"why": "fallback_overload"}) == shed_before + 1
+            # Unmarked, saying why: Envoy takes it by its undecided policy (envoy.undecided).
+            said = shed.dynamic_metadata.fields["semantic_router.decided"].struct_value.fields
+            assert said["undecided"].string_value == "fallback_overload" and "reason" not in said
             (other,) = await h.exchange(read_by_envoy(headers_msg(method="GET", path="/v1/models")))  # not an LLM call
             assert other.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
             backend.gate.set()
             for call in held:  # answered: each frees its slot, with the stream still open
-                await call.write(body_msg(chat("solve 3x + 5 = 20")))
-                assert set_headers(await call.read())["x-semantic-route-reason"] in ("matched", "default")
+                routed = await call.read()
+                assert set_headers(routed)["x-semantic-route-reason"] in ("matched", "default")
+                said = routed.dynamic_metadata.fields["semantic_router.decided"].struct_value.fields
+                assert said["reason"].string_value == set_headers(routed)["x-semantic-route-reason"]
             assert h.service.in_flight == 0
             _, routed = await h.exchange(read_by_envoy(headers_msg()), body_msg(chat("write a python function")))
             assert set_headers(routed)["x-selected-model"] == "code-model"
