@@ -27,6 +27,10 @@ from router.classifier import Decision
 log = logging.getLogger(__name__)
 
 QUEUE = 4096  # records waiting for the writer; past it, dropped
+# Whatever a client sent (a model name, a path, a text) is cut to this many characters in a record,
+# and a line to LINE_MAX bytes: one request cannot make a record that costs the others theirs.
+FIELD_MAX = 256
+LINE_MAX = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -47,20 +51,13 @@ class RecordsConfig:
         require(bool(self.path), "path", "must name a file, or - for standard output")
 
 
-def trace_id(headers: dict[str, str]) -> str | None:
-    """The trace id of a W3C `traceparent` header (version-traceid-spanid-flags), when well formed."""
-    parts = headers.get("traceparent", "").split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 \
-            and all(c in "0123456789abcdef" for c in parts[1]):
-        return parts[1]
-    return None
-
-
 def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache: str | None,
-                    seconds: float, parts: dict[str, float]) -> dict[str, Any]:
-    """What a record says of one decided request (the texts are added by the recorder, if asked)."""
+                    seconds: float, parts: dict[str, float], traced: str | None = None) -> dict[str, Any]:
+    """What a record says of one decided request (the texts are added by the recorder, if asked).
+    `traced`: the trace id of the router's span where it (or Envoy, its parent) sampled the request;
+    a client's own traceparent is not believed."""
     out: dict[str, Any] = {
-        "trace_id": trace_id(ctx.headers), "tenant": tenant, "path": ctx.path,
+        "trace_id": traced, "tenant": tenant, "path": ctx.path,
         "requested_model": ctx.requested_model, "route": decision.route, "model": decision.model,
         "reason": decision.reason, "score": round(decision.score, 4), "confidence": round(decision.confidence, 4),
         "tier": decision.tier or None, "cache": cache, "ms": round(seconds * 1000, 3),
@@ -130,9 +127,9 @@ class DecisionRecorder:
             try:
                 # One write per line, unbuffered, appending: the processes of a pool share one file
                 # without a line of one cutting into another's.
-                self._open().write((json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+                self._open().write(encode_line(line))
                 WRITTEN.labels("written").inc()
-            except OSError as exc:
+            except Exception as exc:  # one record lost, never the writer
                 WRITTEN.labels("error").inc()
                 log.warning("decision record not written", extra={"error": type(exc).__name__})
         if self._out is not None and self._out is not sys.stdout.buffer:
@@ -142,3 +139,27 @@ class DecisionRecorder:
         if self._out is None:
             self._out = sys.stdout.buffer if self.config.path == "-" else open(self.config.path, "ab", buffering=0)
         return self._out
+
+
+def _bounded(value: Any, texts: bool = False) -> Any:
+    """`value` with every string a client may have sent cut to FIELD_MAX characters (the texts are cut
+    by the recorder, to prompt_max_chars)."""
+    if isinstance(value, str):
+        return value if texts or len(value) <= FIELD_MAX else value[:FIELD_MAX]
+    if isinstance(value, dict):
+        return {k[:FIELD_MAX]: _bounded(v, texts or k == "texts") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_bounded(v, texts) for v in value]
+    return value
+
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    """One record as a JSON line of at most LINE_MAX bytes. Characters UTF-8 cannot carry (a lone
+    surrogate a client escaped into its JSON) are written as JSON escapes, which read back as sent;
+    control characters are escaped by JSON itself. Over the limit, the texts go first (`cut`)."""
+    line = _bounded(record)
+    data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+    if len(data) > LINE_MAX and "texts" in line:
+        line = {**{k: v for k, v in line.items() if k != "texts"}, "cut": "texts"}
+        data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+    return data

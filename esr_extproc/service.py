@@ -150,7 +150,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self.admission.admit(stream.holders)
 
     def _release(self, stream: RequestStream) -> None:
-        if stream.admitted:
+        if stream.admitted and stream.holders is not None:
             stream.admitted = False
             self.admission.release(stream.holders)
 
@@ -277,8 +277,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             tenant = stream.cache.tenant if stream.cache is not None else \
                 tenant_of(stream.headers, current.settings.cache.tenant_header)  # hashed once
             parts = {"read": read_at - started, "filters": decided_at - read_at, "cache": time.perf_counter() - decided_at}
-            self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started, parts),
-                                ctx.turns)
+            self.records.record(decision_record(ctx, decision, tenant, cached, time.perf_counter() - started, parts,
+                                                traced["trace_id"] if traced else None), ctx.turns)
         if stream.cache is not None and stream.cache.key is not None:
             stream.cache.sent()
             if stream.cache.kept_by_envoy:  # the keeper's call keeps it: nothing comes through this stream

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from esr_extproc.records import DecisionRecorder, RecordsConfig, trace_id
+from esr_extproc.records import FIELD_MAX, LINE_MAX, DecisionRecorder, RecordsConfig
 from esr_settings import SettingError
 
 
@@ -45,11 +45,30 @@ def test_sampling_and_the_rate_limit_bound_what_is_recorded(tmp_path):
     limited.close()
 
 
-def test_trace_ids_come_from_well_formed_traceparents_only():
-    assert trace_id({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}) == \
-        "4bf92f3577b34da6a3ce929d0e0e4736"
-    for bad in ("", "00-xyz-00f067aa0ba902b7-01", "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "garbage"):
-        assert trace_id({"traceparent": bad}) is None
+def test_a_record_with_bytes_no_encoder_takes_costs_only_its_own_line(tmp_path):
+    """A lone surrogate (a client's JSON may escape one into any string), control characters and
+    huge values: the writer keeps writing, each value escaped or cut, every line JSON."""
+    path = tmp_path / "records.jsonl"
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path), prompts=True, prompt_max_chars=10**6))
+    recorder.record({"requested_model": "gpt\ud800-4", "path": "/v1/\x00\x1b[31m"}, texts=("hi \udfff there",))
+    recorder.record({"requested_model": "m" * 10**6, "n": 1}, texts=("x" * (LINE_MAX * 2),))
+    recorder.record({"route": "math", "n": 2}, texts=("fine",))
+    recorder.close()
+    first, huge, last = _lines(path)
+    assert first["requested_model"] == "gpt\ud800-4" and first["texts"] == ["hi \udfff there"]  # read back as sent
+    assert first["path"] == "/v1/\x00\x1b[31m"
+    assert huge["requested_model"] == "m" * FIELD_MAX and huge["cut"] == "texts" and "texts" not in huge
+    assert all(len(line) <= LINE_MAX for line in path.read_bytes().splitlines(keepends=True))
+    assert last == {**last, "route": "math", "n": 2, "texts": ["fine"]}
+
+
+def test_a_value_the_encoder_cannot_take_loses_one_record_not_the_writer(tmp_path):
+    path = tmp_path / "records.jsonl"
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path)))
+    recorder.record({"n": 0, "bad": object()})  # not JSON at all
+    recorder.record({"n": 1})
+    recorder.close()
+    assert [line["n"] for line in _lines(path)] == [1]
 
 
 @pytest.mark.parametrize("key,value", [("sample_ratio", 1.5), ("max_per_s", 0), ("prompt_max_chars", 0), ("path", "")])

@@ -87,13 +87,16 @@ def served(tmp_path_factory):
     return runs
 
 
-def test_records_carry_the_decision_and_its_trace(served):
+def test_records_carry_the_decision_and_no_trace_id_a_client_claims(served):
     _, records, _ = served["served"]
     assert len(records) == len(PROMPTS) + 2
     first = records[0]
     assert {"time", "trace_id", "tenant", "route", "model", "reason", "score", "confidence", "cache", "ms", "ms_parts",
             "facts", "texts"} <= set(first)
-    assert first["texts"] == [PROMPTS[0]] and first["route"] == "math" and len(first["trace_id"]) == 32
+    assert first["texts"] == [PROMPTS[0]] and first["route"] == "math"
+    # Each request sent a sampled traceparent of its own, but tracing is off: a record's trace id is
+    # only ever one the router or Envoy sampled (docs/records-and-replay.md).
+    assert first["trace_id"] is None
     assert first["tenant"] and "authorization" not in json.dumps(first)
     assert records[-1]["reason"] == "model_pinned"
 
