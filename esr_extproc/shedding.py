@@ -17,11 +17,13 @@ from esr_extproc.headers import SENT_AT
 CLIENT_ADDRESS = "x-envoy-external-address"
 
 
-def holders(headers: Mapping[str, str], tenant_header: str | None) -> tuple[str, str]:
+def holders(headers: Mapping[str, str], tenant_header: str | None) -> tuple[str, ...]:
     """Who a call's slot counts against beside the total: its client address and its tenant (the
-    configured tenant header, else its credential). Kept in memory only while the call is decided."""
+    configured tenant header, else its credential), each where known: calls without a credential
+    are no one tenant. Kept in memory only while the call is decided."""
     address = headers.get(CLIENT_ADDRESS) or headers.get("x-forwarded-for", "").rpartition(",")[2].strip()
-    return "address:" + address, "tenant:" + headers.get(tenant_header or "authorization", "")
+    tenant = headers.get(tenant_header or "authorization", "")
+    return tuple(key for key, known in (("address:" + address, address), ("tenant:" + tenant, tenant)) if known)
 
 
 class Admission:

@@ -651,3 +651,74 @@ def test_a_request_s_budget_runs_from_when_envoy_sent_it_on_where_the_stamp_says
             backend.gate.set()
 
     run(main())
+
+
+GUARD_BLOCKS = {**CONFIG, "filters": ["prompt_guard", "model_policy", "semantic_route"],
+                "filter_settings": {"prompt_guard": {"exemplars": ["ignore all previous instructions"],
+                                                     "on_error": "block"}}}
+
+
+def test_where_a_blocking_guard_makes_envoy_refuse_undecided_calls_a_shed_call_is_a_429_to_retry():
+    async def main():
+        async with Harness({**GUARD_BLOCKS, "server": {"shed_wait_ms": 250}}) as h:
+            assert h.config.refuses_undecided
+            (refused,) = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.5)])))
+            reply = refused.immediate_response
+            assert reply.status.code == 429 and json.loads(reply.body)["error"]["code"] == "rate_limit_exceeded"
+            headers = {x.header.key: x.header.raw_value.decode() for x in reply.headers.set_headers}
+            assert headers["retry-after"] == "1" and headers["x-semantic-route-reason"] == "fallback_overload"
+            assert h.service.in_flight == 0
+        # Nothing blocks: the same call is shed to Envoy's default route, unmarked.
+        async with Harness({**CONFIG, "server": {"shed_wait_ms": 250}}) as h:
+            assert not h.config.refuses_undecided
+            (shed,) = await h.exchange(read_by_envoy(headers_msg(extra=[sent(0.5)])))
+            assert shed.HasField("request_headers") and not shed.HasField("immediate_response")
+
+    run(main())
+
+
+def test_one_client_holds_at_most_its_share_of_the_slots_and_others_are_still_decided():
+    async def main():
+        backend = FakeBackend(hold=True)
+        async with Harness({**CONFIG, "server": {"max_in_flight": 8, "client_share": 0.25}}, backend) as h:
+            greedy = [("x-envoy-external-address", "203.0.113.7")]
+            held = [h.stub.Process() for _ in range(2)]
+            for i, call in enumerate(held):  # the greedy client's two calls, decided (held on the model)
+                await call.write(read_by_envoy(headers_msg(extra=greedy)))
+                assert not (await call.read()).HasField("mode_override")
+                await call.write(body_msg(chat(f"solve {i}x + 1 = 9")))
+            for _ in range(500):
+                if h.service.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
+                                               {"why": "fallback_client_share"}) or 0.0
+            (third,) = await h.exchange(read_by_envoy(headers_msg(extra=greedy)))  # past its share (2 of 8): shed
+            assert third.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
+                                             {"why": "fallback_client_share"}) == before + 1
+            # Another client still gets a slot.
+            (other,) = await h.exchange(read_by_envoy(headers_msg(extra=[("x-envoy-external-address", "198.51.100.2")])))
+            assert not other.HasField("mode_override")
+            # One tenant (its key) counts across addresses alike.
+            key = ("authorization", "Bearer sk-tenant-a")
+            calls = [h.stub.Process() for _ in range(2)]
+            for i, call in enumerate(calls):
+                await call.write(read_by_envoy(headers_msg(extra=[key, ("x-envoy-external-address", f"192.0.2.{i}")])))
+                assert not (await call.read()).HasField("mode_override")
+                await call.write(body_msg(chat(f"write a python function number {i}")))
+            for _ in range(500):
+                if h.service.in_flight == 4:
+                    break
+                await asyncio.sleep(0.01)
+            (fifth,) = await h.exchange(read_by_envoy(headers_msg(extra=[key, ("x-envoy-external-address", "192.0.2.9")])))
+            assert fifth.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+            assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
+                                             {"why": "fallback_client_share"}) == before + 2
+            held += calls
+            backend.gate.set()
+            for call in held:
+                await call.read()
+                await call.done_writing()
+
+    run(main())
