@@ -569,7 +569,22 @@ def _connection_manager(config: RouterConfig, backends: tuple[BackendConfig, ...
     }
     if config.tracing.enabled and config.tracing.envoy:
         manager["typed_config"]["tracing"] = _tracing(config)
+    if e.trusted_hops == 0:
+        manager["typed_config"]["early_header_mutation_extensions"] = [_no_client_trace()]
     return manager
+
+
+# Trace context a client may send: at the edge (no trusted proxy in front) none of it is believed.
+CLIENT_TRACE_HEADERS = ("traceparent", "tracestate", "x-client-trace-id", "b3", "x-b3-traceid", "x-b3-spanid",
+                        "x-b3-parentspanid", "x-b3-sampled", "x-b3-flags")
+
+
+def _no_client_trace() -> dict:
+    """A client's trace context removed before Envoy reads it (early: before tracing and the filters),
+    so whether a request is traced is the config's sample ratio, never a client's sampled flag."""
+    return {"name": "envoy.http.early_header_mutation.header_mutation", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+        "mutations": [{"remove": h} for h in CLIENT_TRACE_HEADERS]}}
 
 
 TRACING_CLUSTER = "otel_collector"

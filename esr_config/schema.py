@@ -67,9 +67,10 @@ class RouterConfig(RoutingConfig):
     @property
     def refuses_undecided(self) -> bool:
         """envoy.undecided resolved: whether Envoy refuses (503) an LLM call the router did not decide,
-        and the router refuses (429) one it would shed. auto: where a prompt guard blocks what it
-        cannot examine, no path may take a request past it unread."""
+        and the router refuses (429) one it would shed. auto: where a prompt guard blocks, no path it
+        did not see may take a request past it (its on_error rules only what it saw and could not
+        examine)."""
         if self.envoy.undecided != "auto":
             return self.envoy.undecided == "refuse"
         guard = self.filter_settings.get("prompt_guard") or {}
-        return "prompt_guard" in self.filters and isinstance(guard, dict) and guard.get("on_error") == "block"
+        return "prompt_guard" in self.filters and isinstance(guard, dict) and guard.get("action", "block") == "block"

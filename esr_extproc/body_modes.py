@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
-                       on_body: Callable[[RequestStream], Awaitable[pb.ProcessingResponse]]
-                       ) -> list[pb.ProcessingResponse]:
+                       on_body: Callable[[RequestStream], Awaitable[pb.ProcessingResponse]],
+                       trailers: bool = False) -> list[pb.ProcessingResponse]:
     """Full duplex: chunks accumulate (nothing is answered) up to Envoy's own request limit; at
     the end the held headers answer goes back with the route, then the body, rewritten or as
     sent, in streamed body answers."""
@@ -35,7 +35,9 @@ async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
     # The upload's own pace is not the router's: the deadline runs from the whole body.
     stream.started = time.monotonic()
     held, stream.held_headers = stream.held_headers, None
-    return replies.duplex(held, await on_body(stream), b"".join(stream.body))
+    # Ended by trailers: the body sent back does not end the stream, the trailers' answer does (an
+    # end_of_stream before them left Envoy waiting, and the backend for the rest of the body).
+    return replies.duplex(held, await on_body(stream), b"".join(stream.body), ends=not trailers)
 
 
 def too_large(limit: int | None) -> pb.ProcessingResponse:

@@ -175,7 +175,7 @@ class EnvoyConfig:
     # What Envoy does with an LLM call the router did not decide (no mark: router down, shed, out of
     # time, a body it never saw whole). default: the default route (fail open; a body's own backend
     # `model` still reaches it). refuse: a 503 from Envoy, nothing reaches a backend. auto: refuse
-    # where a prompt guard blocks what it cannot examine (on_error: block), else default.
+    # where a prompt guard blocks (action: block), else default.
     undecided: Literal["auto", "default", "refuse"] = "auto"
 
     @property

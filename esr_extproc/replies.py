@@ -193,7 +193,8 @@ def streamed_body(body: bytes, last: bool) -> pb.ProcessingResponse:
         body_mutation=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=body, end_of_stream=last)))))
 
 
-def duplex(held: pb.ProcessingResponse, answer: pb.ProcessingResponse, raw: bytes) -> list[pb.ProcessingResponse]:
+def duplex(held: pb.ProcessingResponse, answer: pb.ProcessingResponse, raw: bytes,
+           ends: bool = True) -> list[pb.ProcessingResponse]:
     """A buffered-mode answer to a whole body, as full duplex takes it: the held headers answer with
     the body answer's header changes and route-cache clearing, then the body (the answer's new one,
     else as sent) in streamed chunks. An immediate answer stands as it is."""
@@ -210,4 +211,4 @@ def duplex(held: pb.ProcessingResponse, answer: pb.ProcessingResponse, raw: byte
         headers.dynamic_metadata.CopyFrom(answer.dynamic_metadata)
     body = common.body_mutation.body if common.body_mutation.WhichOneof("mutation") == "body" else raw
     chunks = [body[i:i + STREAMED_CHUNK] for i in range(0, len(body), STREAMED_CHUNK)] or [b""]
-    return [headers, *(streamed_body(c, i == len(chunks) - 1) for i, c in enumerate(chunks))]
+    return [headers, *(streamed_body(c, ends and i == len(chunks) - 1) for i, c in enumerate(chunks))]

@@ -130,7 +130,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                             refused_override()
                         await context.write(replies.body_continue())
                 elif kind == "request_trailers" and stream.duplex and stream.held_headers is not None:
-                    for answer in await duplex_chunk(stream, True, self._limit(), self._on_body):  # trailers end the body
+                    for answer in await duplex_chunk(stream, True, self._limit(), self._on_body, trailers=True):
                         await context.write(answer)
                     await context.write(replies.pass_through(kind))
                 elif kind == "response_body" and stream.cache is not None and stream.cache.key is not None:
