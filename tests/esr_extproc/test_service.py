@@ -556,10 +556,7 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
             assert h.service.in_flight == 0
             for i, call in enumerate(held):  # whole bodies, held on the model: two slots
                 await call.write(body_msg(chat(f"solve {i}x + 5 = 20")))
-            for _ in range(500):
-                if h.service.in_flight == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await deciding(h, 2)
             assert h.service.in_flight == 2
             shed_before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
                                                     {"why": "fallback_overload"}) or 0.0
@@ -595,6 +592,15 @@ def test_past_max_in_flight_an_llm_call_is_shed_at_its_headers_and_the_slot_come
                 await call.done_writing()
 
     run(main())
+
+
+async def deciding(h: Harness, n: int) -> None:
+    """Until `n` calls hold a slot (their whole bodies in, not yet answered)."""
+    for _ in range(500):
+        if h.service.in_flight == n:
+            return
+        await asyncio.sleep(0.01)
+    assert h.service.in_flight == n
 
 
 def sent(ago_s: float) -> tuple[str, str]:
@@ -687,10 +693,7 @@ def test_one_client_holds_at_most_its_share_of_the_slots_and_others_are_still_de
                 await call.write(read_by_envoy(headers_msg(extra=greedy)))
                 assert not (await call.read()).HasField("mode_override")
                 await call.write(body_msg(chat(f"solve {i}x + 1 = 9")))
-            for _ in range(500):
-                if h.service.in_flight == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await deciding(h, 2)
             before = REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",
                                                {"why": "fallback_client_share"}) or 0.0
             (third,) = await h.exchange(read_by_envoy(headers_msg(extra=greedy)))  # past its share (2 of 8): shed
@@ -707,10 +710,7 @@ def test_one_client_holds_at_most_its_share_of_the_slots_and_others_are_still_de
                 await call.write(read_by_envoy(headers_msg(extra=[key, ("x-envoy-external-address", f"192.0.2.{i}")])))
                 assert not (await call.read()).HasField("mode_override")
                 await call.write(body_msg(chat(f"write a python function number {i}")))
-            for _ in range(500):
-                if h.service.in_flight == 4:
-                    break
-                await asyncio.sleep(0.01)
+            await deciding(h, 4)
             (fifth,) = await h.exchange(read_by_envoy(headers_msg(extra=[key, ("x-envoy-external-address", "192.0.2.9")])))
             assert fifth.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
             assert REGISTRY.get_sample_value("semantic_router_shed_at_headers_total",

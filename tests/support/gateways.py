@@ -8,7 +8,7 @@ import copy
 from typing import Callable
 
 from esr_app.envoy_config import ROUTER_CLUSTER
-from esr_extproc.headers import SELECTED_MODEL
+from esr_extproc.headers import DECIDED_NAMESPACE, SELECTED_MODEL
 from tests.support.deploy import K8S, kustomize
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -81,12 +81,18 @@ JSON_TO_METADATA = "envoy.filters.http.json_to_metadata"
 
 def in_place_of_the_routers_filter(*filters: dict) -> Callable[[dict], None]:
     """An envoy_patch: the rendered router filter's place taken by `filters` (the gateway's own),
-    and the rendered config's own reading of the body's model gone (a gateway renders none)."""
+    and the rendered config's own reading of the body's model gone, as are its routes' match on the
+    router's mark (a gateway's HTTPRoutes match headers alone: docs/gateways/README.md#undecided-requests)."""
     def patch(envoy: dict) -> None:
         chain = http_filters(envoy)
         chain[:] = [f for f in chain if f["name"] != JSON_TO_METADATA]
         at = next(i for i, f in enumerate(chain) if f["name"] == EXT_PROC)
         chain[at:at + 1] = [copy.deepcopy(f) for f in filters]
+        for route in _routes(envoy):
+            route["match"]["dynamic_metadata"] = [m for m in route["match"].get("dynamic_metadata", [])
+                                                  if m["filter"] != DECIDED_NAMESPACE]
+            if not route["match"]["dynamic_metadata"]:
+                del route["match"]["dynamic_metadata"]
     return patch
 
 
