@@ -102,6 +102,9 @@ class Tracing:
         self._provider.shutdown()
 
 
+ATTRIBUTE_MAX = 256  # characters of a client's value in a span attribute
+
+
 def decision_attributes(decision: Any, requested_model: str | None, cache: str | None) -> dict[str, Any]:
     """The decision as span attributes; gen_ai.request.model is the model the backend is asked for."""
     out = {"gen_ai.request.model": decision.model, "semantic_router.route": decision.route,
@@ -109,8 +112,8 @@ def decision_attributes(decision: Any, requested_model: str | None, cache: str |
            "semantic_router.confidence": round(decision.confidence, 4)}
     if decision.tier:
         out["semantic_router.tier"] = decision.tier
-    if requested_model is not None:
-        out["semantic_router.requested_model"] = requested_model
+    if requested_model is not None:  # the client's own value: cut, so one request cannot crowd others' spans out
+        out["semantic_router.requested_model"] = requested_model[:ATTRIBUTE_MAX]
     if cache is not None:
         out["semantic_router.cache"] = cache
     return out

@@ -31,3 +31,9 @@ def test_a_decision_becomes_attributes_without_any_text():
         "gen_ai.request.model": "math-model", "semantic_router.route": "math", "semantic_router.reason": "matched",
         "semantic_router.score": 0.6123, "semantic_router.confidence": 0.9, "semantic_router.tier": "static",
         "semantic_router.requested_model": "auto", "semantic_router.cache": "miss"}
+
+
+def test_a_clients_model_value_is_cut_in_its_span():
+    decision = Decision("general", "general-model", 0.1, "default", 0.5, "")
+    attributes = decision_attributes(decision, "m" * 1_000_000, None)
+    assert attributes["semantic_router.requested_model"] == "m" * 256

@@ -84,15 +84,15 @@ def in_place_of_the_routers_filter(*filters: dict) -> Callable[[dict], None]:
     and the rendered config's own reading of the body's model gone, as are its routes' match on the
     router's mark (a gateway's HTTPRoutes match headers alone: docs/gateways/README.md#undecided-requests)."""
     def patch(envoy: dict) -> None:
-        chain = http_filters(envoy)
-        chain[:] = [f for f in chain if f["name"] != JSON_TO_METADATA]
-        at = next(i for i, f in enumerate(chain) if f["name"] == EXT_PROC)
-        chain[at:at + 1] = [copy.deepcopy(f) for f in filters]
         for route in _routes(envoy):
             route["match"]["dynamic_metadata"] = [m for m in route["match"].get("dynamic_metadata", [])
                                                   if m["filter"] != DECIDED_NAMESPACE]
             if not route["match"]["dynamic_metadata"]:
                 del route["match"]["dynamic_metadata"]
+        chain = http_filters(envoy)
+        chain[:] = [f for f in chain if f["name"] != JSON_TO_METADATA]
+        at = next(i for i, f in enumerate(chain) if f["name"] == EXT_PROC)
+        chain[at:at + 1] = [copy.deepcopy(f) for f in filters]
     return patch
 
 
