@@ -52,12 +52,19 @@ def deployed(header: str | None, cache: bool):
     return change
 
 
+def as_the_gateway_routes(config) -> None:
+    """The gateway's own routes send what matches no model header to the default backend (the
+    manifests' HTTPRoutes): the rendered catch-all as theirs, whatever the router's policy."""
+    config.setdefault("envoy", {})["undecided"] = "default"
+
+
 @pytest.fixture(scope="module", params=list(GATEWAYS))
 def gateway(request, tmp_path_factory, envoy_binary):
     header, patch, keeps = GATEWAYS[request.param]
 
     def without_our_keeper(config):  # the gateway runs no filter of ours but the ext_proc
         config.pop("cache")
+        as_the_gateway_routes(config)
 
     with stack_with(tmp_path_factory.mktemp(request.param), deployed(header, cache=True),
                     envoy_change=without_our_keeper, envoy_patch=patch()) as stack:
@@ -170,7 +177,7 @@ def test_streamed_without_mode_overrides_is_a_counted_fallback_not_a_misroute(tm
 
     patch = in_place_of_the_routers_filter(extension_policy_filter(policy, "Streamed"))
     with stack_with(tmp_path_factory.mktemp("streamed-no-override"), deployed("x-gateway-model-name", cache=False),
-                    envoy_patch=patch) as stack:
+                    envoy_change=as_the_gateway_routes, envoy_patch=patch) as stack:
         body = _body("Solve the equation 4x - 7 = 21 for x", pad=100_000)
         r = httpx.post(f"{stack.url}/v1/chat/completions", content=_paced(body, 16 * 1024, 0.01), timeout=30,
                        headers={"content-type": "application/json"})
