@@ -181,7 +181,6 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         routes.append({"match": llm, **_json_reply(503, UNDECIDED_REFUSED, {"retry-after": "1"})})
     else:
         routes.append({"match": llm, "route": default})
-        routes[-1]["response_headers_to_add"] = []
     for r in routes:  # what answered, and after how many tries (docs/failover.md)
         r.setdefault("response_headers_to_add", []).extend([served, attempts])
     for r in routes[undecided:]:

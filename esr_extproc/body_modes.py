@@ -47,6 +47,12 @@ def too_large(limit: int | None) -> pb.ProcessingResponse:
     return refusal(413, f"Request body over {over}.", "request_too_large")
 
 
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """The body's length as its `content-length` states it; None where it states none (chunked, HTTP/2)."""
+    declared = headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else None
+
+
 def declared_over_limit(headers: Mapping[str, str], limit: int | None) -> pb.ProcessingResponse | None:
     """A 413 at the headers for a body whose content-length is over Envoy's own request limit:
     refused before it is uploaded, in every body mode. Why at the headers: in STREAMED, where
@@ -56,8 +62,8 @@ def declared_over_limit(headers: Mapping[str, str], limit: int | None) -> pb.Pro
     a loaded 2-core machine. A body of unknown length can still meet that stall: asking for it in
     BUFFERED_PARTIAL instead let the headers go on to routing before a paced upload's end (the
     route was chosen on the headers alone, measured)."""
-    declared = headers.get("content-length", "")
-    if limit is None or not declared.isdigit() or int(declared) <= limit:
+    declared = declared_length(headers)
+    if limit is None or declared is None or declared <= limit:
         return None
     return too_large(limit)
 
@@ -108,5 +114,4 @@ def whole_before_trailers(stream: RequestStream) -> bool:
         return False
     if stream.body_mode == replies.BUFFERED:
         return True
-    declared = stream.headers.get("content-length", "")
-    return stream.streamed and not stream.unbuffered and declared.isdigit() and int(declared) == stream.body_bytes
+    return stream.streamed and not stream.unbuffered and declared_length(stream.headers) == stream.body_bytes

@@ -157,9 +157,11 @@ def encode_line(record: dict[str, Any]) -> bytes:
     """One record as a JSON line of at most LINE_MAX bytes. Characters UTF-8 cannot carry (a lone
     surrogate a client escaped into its JSON) are written as JSON escapes, which read back as sent;
     control characters are escaped by JSON itself. Over the limit, the texts go first (`cut`)."""
+    def encode(line: dict[str, Any]) -> bytes:
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+
     line = _bounded(record)
-    data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+    data = encode(line)
     if len(data) > LINE_MAX and "texts" in line:
-        line = {**{k: v for k, v in line.items() if k != "texts"}, "cut": "texts"}
-        data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+        data = encode({**{k: v for k, v in line.items() if k != "texts"}, "cut": "texts"})
     return data
