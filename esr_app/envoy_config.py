@@ -192,11 +192,11 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
 
 
 def _undecided_logs() -> list[dict]:
-    """Each LLM call that ends without the router's mark, logged by Envoy: a JSON line on its own
+    """Each request on an LLM path (any method: Envoy's LLM routes match the path alone) that ends
+    without the router's mark, logged by Envoy: a JSON line on its own
     standard output (there also while no router answers) and to the router, which counts it by why
     (esr_extproc/attempt_log.py). No prompt, no client header: the request id, the why, the outcome."""
     unmarked = {"and_filter": {"filters": [
-        {"header_filter": {"header": {"name": ":method", "string_match": {"exact": "POST"}}}},
         {"header_filter": {"header": {"name": ":path", "string_match": {"safe_regex": {"regex": llm_path_regex()}}}}},
         # Envoy's access-log metadata filter ignores `invert`: a present mark (a string) is never null,
         # so only an absent one logs.

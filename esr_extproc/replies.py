@@ -115,9 +115,11 @@ def headers_continue(spoofed: bool, watch_response: bool = False, also: tuple[st
 _SKIP_BODY = _PM(request_body_mode=_PM.NONE)
 
 
-def headers_skip_body(spoofed: bool, also: tuple[str, ...] = ()) -> pb.ProcessingResponse:
-    """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body."""
-    return pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_SKIP_BODY)
+def headers_skip_body(spoofed: bool, also: tuple[str, ...] = (), why: str | None = None) -> pb.ProcessingResponse:
+    """Not an LLM call: strip spoofed headers and tell Envoy not to send us the body. `why`: on an LLM
+    path (another method than POST), what Envoy's undecided log says of it."""
+    answer = pb.ProcessingResponse(request_headers=_strip(spoofed, also), mode_override=_SKIP_BODY)
+    return _undecided(answer, why) if why is not None else answer
 
 
 def headers_shed(spoofed: bool, also: tuple[str, ...], headers: Mapping[str, str], why: str) -> pb.ProcessingResponse:

@@ -21,7 +21,7 @@ from esr_extproc.body_modes import (declared_over_limit, duplex_chunk, over_limi
                                     too_late_to_route, whole_before_trailers)
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer
-from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, PINNED_NAMESPACE, REASON
+from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, LLM_PATHS, PINNED_NAMESPACE, REASON
 from esr_extproc.json_scan import AMBIGUOUS, BadBody
 from esr_extproc.keeper import entry_token
 from esr_extproc.records import DecisionRecorder, decision_record
@@ -179,7 +179,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
         if not stream.llm_call:
             metrics.REQUESTS.labels("not_processed").inc()
-            return replies.headers_skip_body(spoofed, standard)
+            # On an LLM path (a GET, say) Envoy's LLM routes still take it: by the undecided policy.
+            return replies.headers_skip_body(spoofed, standard, "not_processed" if stream.path.endswith(LLM_PATHS) else None)
         limit = current.settings.max_request_headers if current else None
         if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
             # Envoy would fail the request with a 500 once the router adds its headers.

@@ -119,6 +119,17 @@ def test_stalled_uploads_take_no_slot_and_every_request_still_meets_the_guard(re
     assert metric(scrape(refusing_stack.metrics_url), "semantic_router_shed_at_headers_total") == 0
 
 
+def test_another_method_on_an_llm_path_takes_the_policy_counted(refusing_stack):
+    """Not an LLM call (the router skips its body), yet on a path Envoy's LLM routes match: never a
+    way to a backend past the guard, counted by why."""
+    key = uuid.uuid4().hex
+    r = httpx.request("GET", f"{refusing_stack.url}{CHAT}", content=json.dumps(INJECTION), timeout=15,
+                      headers={"x-mock-key": key, "content-type": "application/json"})
+    assert r.status_code == 503 and key not in refusing_stack.backends.attempts
+    wait_for(lambda: metric(scrape(refusing_stack.metrics_url), "semantic_router_undecided_total",
+                            'outcome="refused",why="not_processed"') >= 1, 10, "the GET counted as undecided")
+
+
 def test_with_the_router_dead_no_call_reaches_a_backend_unguarded(refusing_stack):
     before = envoy_stat(refusing_stack, "http.llm_gateway.downstream_rq_5xx")
     refusing_stack.kill_router(signal.SIGKILL)
