@@ -4,6 +4,7 @@ service's settings, reusing what the serving engine already embedded."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from batching import DeadlineExceeded, Embedder, Overloaded
+from batching import DeadlineExceeded, Embedder, ModelUnavailable, Overloaded, RemoteError
 from esr_app.embedding import runtime
 from esr_config import RouterConfig
 from esr_extproc.serving import ServiceSettings, Serving
@@ -20,6 +21,8 @@ from filters.chain import FilterChain
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
 from router.static_tier import StaticTier
+
+log = logging.getLogger(__name__)
 
 
 async def build_serving(config: RouterConfig, embedder: Embedder, current: RoutingEngine | None) -> Serving:
@@ -133,15 +136,18 @@ def service_settings(config: RouterConfig, engine: RoutingEngine) -> ServiceSett
                            refuse_undecided=config.refuses_undecided)
 
 
-# Refusals that say "not now": a reload waits them out instead of failing (in a pool, a worker whose
-# reload failed would serve the old routes while the others serve the new).
-_NOT_NOW = (Overloaded, DeadlineExceeded)
+# Refusals that say "not now": a start or reload waits them out instead of failing (in a pool, a
+# worker whose reload failed would serve the old routes while the others serve the new). A remote
+# engine that answered its first call may still time out on a cold batch of utterances (CI saw
+# 2 s on a busy 2-core machine), and a model process may be restarting: both pass.
+_NOT_NOW = (Overloaded, DeadlineExceeded, RemoteError, ModelUnavailable)
 
 
 async def embed_utterances(embedder: Embedder, texts: Sequence[str], step: int,
                            budget_s: float = 300.0) -> dict[str, np.ndarray]:
-    """Embeddings of `texts`, `step` at a time; a step the batcher refuses for overload is tried
-    again after a pause (up to `budget_s` in all), so route embedding yields to live traffic."""
+    """Embeddings of `texts`, `step` at a time; a step the batcher refuses for overload, or its
+    engine fails for now, is tried again after a pause (up to `budget_s` in all), so route
+    embedding yields to live traffic and waits out an engine's slow start."""
     out: dict[str, np.ndarray] = {}
     give_up = time.monotonic() + budget_s
     for i in range(0, len(texts), step):
@@ -151,9 +157,11 @@ async def embed_utterances(embedder: Embedder, texts: Sequence[str], step: int,
                 vectors = await asyncio.gather(*(embedder.embed(t, min(give_up, time.monotonic() + 30.0))
                                                  for t in chunk))
                 break
-            except _NOT_NOW:
+            except _NOT_NOW as exc:
                 if time.monotonic() + pause > give_up:
                     raise
+                if isinstance(exc, (RemoteError, ModelUnavailable)):
+                    log.warning("utterances not embedded yet, trying again", extra={"why": str(exc)})
                 await asyncio.sleep(pause)
                 pause = min(1.0, pause * 2)
         out.update(zip(chunk, vectors))
