@@ -32,7 +32,7 @@ class CacheConfig:
     semantic_routes: tuple[str, ...] = ()
     # The semantic index's vectors and keys together (counted in cache_bytes beside the answers).
     semantic_index_bytes: int = 16 * 1024 * 1024
-    semantic_threshold: float = 0.75  # cosine of the two turns' embeddings (docs/response-cache.md: measured)
+    semantic_threshold: float = 0.95  # cosine of the two turns' embeddings (docs/response-cache.md: measured)
     # Route -> its own threshold (written by `fit` on data with intents); a route named here needs
     # no entry in semantic_routes.
     semantic_thresholds: dict = field(default_factory=dict)

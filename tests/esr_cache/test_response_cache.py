@@ -270,3 +270,29 @@ def test_what_is_not_a_whole_completion_is_not_kept_and_the_metric_says_why():
     cache.keep("z", b"\x1f\x8b\x08\x00 compressed", 0.1)
     assert {r: skipped(r) - before[r] for r in before} == {"not_ok": 1, "cut_short": 1, "not_understood": 1}
     assert len(cache.memory) == 0
+
+def test_the_default_threshold_keeps_near_questions_of_another_intent_apart_on_a_broad_route():
+    # Held-out CLINC150 pairs of two intents that sit at cosine 0.86-0.88 with the bundled encoder:
+    # one broad semantic route at the former default (0.75) answered each with the other's answer.
+    from pathlib import Path
+
+    from esr_app.quality_cli import offline
+    from esr_cache.semantic import SemanticIndex, turn_length
+    from esr_config import load_config
+
+    encoder, _ = offline(load_config(Path(__file__).resolve().parents[2] / "router.yaml"))
+    threshold = CacheConfig().semantic_threshold
+    pairs = [("how much vacation days have i used", "how many vacation days have i accumulated"),
+             ("what is the time in paris now", "what timezone is paris in"),
+             ("how much did i spend on bills last month", "how much do my bills cost this month")]
+    for kept, asked in pairs:
+        index = SemanticIndex(max_bytes=10**6, per_scope=100)
+        kept_v, asked_v = encoder.encode([kept, asked])
+        index.add("broad", kept_v, "kept", turn_length(kept))
+        assert index.nearest("broad", asked_v, 0.75, turn_length(asked)) is not None  # the pair is near
+        assert index.nearest("broad", asked_v, threshold, turn_length(asked)) is None, (kept, asked)
+    # ... while a paraphrase still takes the answer at the default.
+    index = SemanticIndex(max_bytes=10**6, per_scope=100)
+    kept_v, asked_v = encoder.encode(["what is the date of today", "what is the date today"])
+    index.add("broad", kept_v, "kept", 5)
+    assert index.nearest("broad", asked_v, threshold, 4) is not None
