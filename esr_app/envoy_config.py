@@ -90,13 +90,24 @@ def _backend_cluster(b: BackendConfig, ca_bundle: str, failover: FailoverConfig)
     cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] = {
         "filter_metadata": {MODEL_METADATA: {"model": b.model}}}
     if failover.eject_after:
-        # A model failing eject_after times in a row (5xx, refused or reset connections) is skipped
-        # by the failover clusters for eject_s, longer each time: failover then costs the first
-        # requests, not every one. Its only endpoint may go (a plain route to it still tries it:
-        # Envoy's panic threshold sends to an all-ejected cluster anyway).
+        # A model answering eject_after 5xx in a row is skipped by the failover clusters for eject_s,
+        # longer each time: failover then costs the first requests, not every one. Only what the
+        # model answered counts (split: Envoy's own timeouts and resets are local-origin, and those
+        # eject no one), so one client's slow requests cannot take a healthy model from everyone;
+        # a model that is down is found by the health check. Its only endpoint may go (a plain route
+        # to it still tries it: Envoy's panic threshold sends to an all-ejected cluster anyway).
         cluster["outlier_detection"] = {
             "consecutive_5xx": failover.eject_after, "consecutive_gateway_failure": failover.eject_after,
+            "split_external_local_origin_errors": True, "enforcing_consecutive_local_origin_failure": 0,
             "interval": "1s", "base_ejection_time": f"{failover.eject_s:g}s", "max_ejection_percent": 100}
+    if failover.health_interval_s:
+        every = f"{failover.health_interval_s:g}s"
+        cluster["health_checks"] = [{
+            "timeout": every, "interval": every, "no_traffic_interval": every,
+            "unhealthy_threshold": 2, "healthy_threshold": 1,
+            "http_health_check": {"host": b.sni or b.address, "path": failover.health_path,
+                                  # any answer but a 5xx: a backend that wants a key for it is up
+                                  "expected_statuses": [{"start": 100, "end": 500}]}}]
     if b.tls:
         # Verified: the certificate must chain to the CA bundle and name the server we asked for
         # (without a validation context Envoy accepts any certificate, and prompts and clients'
@@ -159,8 +170,9 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}},
                                       {"name": ROUTE, "string_match": {"exact": route}}],
                    "dynamic_metadata": [DECIDED]},
-         "route": {"cluster": chain_cluster(chain), "timeout": upstream, "retry_policy": _retry_policy(chain, timeout)}}
-        for route, chain, timeout in failover_chains(config)
+         "route": {"cluster": chain_cluster(chain), "timeout": upstream,
+                   "retry_policy": _retry_policy(chain, timeout, idempotent)}}
+        for route, chain, timeout, idempotent in failover_chains(config)
     ]
     routes += [
         {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}], "dynamic_metadata": [DECIDED]},
@@ -216,16 +228,16 @@ def _undecided_logs() -> list[dict]:
     ]
 
 
-def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None]]:
-    """(route, chain, header timeout) for every chain the router may name for a route: each ordered
-    subset of two up to failover.max_attempts of its ranked models (the capable ones of a request,
-    router/capabilities.py), the route's header timeout with it."""
+def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None, bool]]:
+    """(route, chain, header timeout, idempotent) for every chain the router may name for a route:
+    each ordered subset of two up to failover.max_attempts of its ranked models (the capable ones of
+    a request, router/capabilities.py), the route's header timeout and idempotency with it."""
     out = []
     attempts = config.failover.max_attempts
     for route in config.ranked_routes:
         timeout = route.header_timeout_ms if route.header_timeout_ms is not None else config.failover.header_timeout_ms
         for size in range(2, min(attempts, len(route.models)) + 1):
-            out += [(route.name, chain, timeout) for chain in itertools.combinations(route.models, size)]
+            out += [(route.name, chain, timeout, route.idempotent) for chain in itertools.combinations(route.models, size)]
     return out
 
 
@@ -234,13 +246,18 @@ def chain_cluster(chain: tuple[str, ...]) -> str:
     return "failover:" + ",".join(chain)
 
 
-def _retry_policy(chain: tuple[str, ...], header_timeout_ms: float | None) -> dict:
+def _retry_policy(chain: tuple[str, ...], header_timeout_ms: float | None, idempotent: bool) -> dict:
     """Each retry to the next model of the chain (the next priority of its aggregate cluster; an
-    ejected model's is skipped), at once: a 429's retry-after is a reason to move on, not to wait."""
+    ejected model's is skipped), at once: a 429's retry-after is a reason to move on, not to wait.
+    A try that timed out (no headers in time, or the model's own 504) is tried again only on an
+    idempotent route: the model may have run it, and a client can make its request slow."""
+    refused = [429, 500, 502, 503] + ([504] if idempotent else [])
     policy: dict[str, Any] = {
-        # 5xx covers refused and reset connections and a per-try timeout too (Envoy answers 503/504).
-        "retry_on": "connect-failure,refused-stream,reset,5xx,retriable-status-codes",
-        "retriable_status_codes": [429],
+        # A per-try timeout is a local reset to Envoy, retried under reset, 5xx or gateway-error
+        # (measured); reset-before-request retries only a reset before the model had the request.
+        "retry_on": "connect-failure,refused-stream,retriable-status-codes,"
+                    + ("reset,5xx" if idempotent else "reset-before-request"),
+        "retriable_status_codes": refused,
         "num_retries": len(chain) - 1,
         "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
@@ -360,7 +377,7 @@ def render(config: RouterConfig) -> dict[str, Any]:
     }
     listeners = [gateway]
     clusters = [_router_cluster(config)] + [_backend_cluster(b, e.ca_bundle, config.failover) for b in backends]
-    clusters += [_failover_cluster(chain) for chain in dict.fromkeys(c for _, c, _ in failover_chains(config))]
+    clusters += [_failover_cluster(chain) for chain in dict.fromkeys(c for _, c, _, _ in failover_chains(config))]
     if config.tracing.enabled and config.tracing.envoy:
         clusters.append(_tracing_cluster(config))
     if e.stats_port is not None:

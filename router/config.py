@@ -92,9 +92,14 @@ class RouteConfig:
     # Below this confidence (x-semantic-route-confidence) the default route takes the request; None:
     # the config's min_confidence.
     min_confidence: float | None = None
-    # No response headers from a model within this: the next model (failover.header_timeout_ms's
-    # default for the route). A model that answers unstreamed sends its headers with the whole answer.
+    # No response headers from a model within this: the request ends with a 504, or goes to the next
+    # model where the route is idempotent (failover.header_timeout_ms's default for the route). A
+    # model that answers unstreamed sends its headers with the whole answer.
     header_timeout_ms: float | None = None
+    # A request that timed out on a model may run again on the next: a client's slow request (a long
+    # unstreamed answer) would otherwise cost every model of the chain. Refusals (5xx, 429, refused
+    # or reset connections) fail over either way: the model did not answer.
+    idempotent: bool = False
 
     def __post_init__(self):
         header_safe(self.name, "name")
@@ -144,6 +149,7 @@ class DefaultRouteConfig:
     utterances: tuple[str, ...] = ()
     set_body: dict = field(default_factory=dict)  # as routes[].set_body, for requests routed here
     header_timeout_ms: float | None = None  # as routes[].header_timeout_ms
+    idempotent: bool = False  # as routes[].idempotent
 
     def __post_init__(self):
         header_safe(self.name, "name")
@@ -180,10 +186,17 @@ class FailoverConfig:
     # A request that names its model (pinned): keep it (its failure is the client's to see), or
     # fail over along the ranked list of the route it is reported under, from that model on.
     pinned: Literal["keep", "failover"] = "keep"
-    # A model failing this many times in a row (5xx, connection failures) is skipped for eject_s
-    # (Envoy's outlier detection; longer each time it recurs); 0: never.
+    # A model answering this many 5xx in a row is skipped for eject_s (Envoy's outlier detection;
+    # longer each time it recurs); 0: never. What the model answered only: a timeout or a reset
+    # can be one client's slow request, so it ejects no one; a model that is down is found by
+    # Envoy's health check instead.
     eject_after: int = 5
     eject_s: float = 30.0
+    # Envoy asks every backend for health_path this often: one that refuses the connection, resets
+    # it, answers 5xx or not within the interval, twice in a row, is skipped until it answers again
+    # (any status below 500 is an answer: a backend that wants a key for it is up). 0: no checks.
+    health_path: str = "/v1/models"
+    health_interval_s: float = 2.0
 
     def __post_init__(self):
         require(1 <= self.max_attempts <= MAX_RANKED, "max_attempts", f"must be between 1 and {MAX_RANKED}")
@@ -191,6 +204,9 @@ class FailoverConfig:
         require(self.pinned in ("keep", "failover"), "pinned", "must be keep or failover")
         require(self.eject_after >= 0, "eject_after", "must not be negative (0: never)")
         require(self.eject_s > 0, "eject_s", "must be positive")
+        require(self.health_interval_s >= 0, "health_interval_s", "must not be negative (0: no checks)")
+        require(re.fullmatch(r"/[\x21-\x7e]*", self.health_path) is not None, "health_path",
+                "must be a path starting with / (no spaces or control characters)")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import yaml
 
 from devstack.envoy_binary import find_envoy
 from esr_settings import replace_at
-from esr_config import load_config
+from esr_config import ConfigError, load_config
 from esr_extproc.config import BackendConfig
 from esr_app.envoy_config import llm_path_regex, message_timeout_ms, render, render_yaml
 from tests.support import ROOT
@@ -216,7 +216,8 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
                              ("code", "code-model,math-model"), ("code", "code-model,general-model"),
                              ("code", "math-model,general-model")}
     code = by_route[("code", "code-model,math-model,general-model")]["retry_policy"]
-    assert code["num_retries"] == 2 and code["per_try_timeout"] == "2.000s" and code["retriable_status_codes"] == [429]
+    assert code["num_retries"] == 2 and code["per_try_timeout"] == "2.000s"
+    assert code["retriable_status_codes"] == [429, 500, 502, 503]
     assert "per_try_timeout" not in by_route[("math", "math-model,general-model")]["retry_policy"]
     assert routes.index(chained[-1]) < min(i for i, r in enumerate(routes) if r.get("route", {}).get("cluster") == "math-model")
     # every failed try goes to the router's access-log service, with its endpoint's model
@@ -227,6 +228,41 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(_ranked(tmp_path)))
     envoy_validate(path)
+
+
+def test_a_timed_out_try_runs_again_only_on_an_idempotent_route(tmp_path):
+    def policies(config):
+        routes = render(config)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+            "typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+        return [r["route"]["retry_policy"] for r in routes if "retry_policy" in r.get("route", {})]
+
+    # Envoy retries a per-try timeout (a local reset) under reset, 5xx or gateway-error; a model's
+    # own 504 is a timeout too
+    for policy in policies(_ranked(tmp_path)):
+        assert not {"5xx", "gateway-error", "reset"} & set(policy["retry_on"].split(","))
+        assert 504 not in policy["retriable_status_codes"] and 503 in policy["retriable_status_codes"]
+        assert {"connect-failure", "reset-before-request"} <= set(policy["retry_on"].split(","))
+    source = yaml.safe_load((tmp_path / "ranked.yaml").read_text())
+    source["routes"][1]["idempotent"] = True
+    (tmp_path / "idempotent.yaml").write_text(yaml.safe_dump(source))
+    code = [p for p in policies(load_config(tmp_path / "idempotent.yaml")) if p.get("per_try_timeout") == "2.000s"]
+    assert code and all({"5xx", "reset"} <= set(p["retry_on"].split(",")) and 504 in p["retriable_status_codes"]
+                        for p in code)
+
+
+def test_only_a_models_own_answers_eject_it_and_a_health_check_finds_one_that_is_down(tmp_path):
+    clusters = {c["name"]: c for c in render(_ranked(tmp_path))["static_resources"]["clusters"]}
+    outlier = clusters["code-model"]["outlier_detection"]
+    # timeouts and resets are local-origin: split off, and they eject no one
+    assert outlier["split_external_local_origin_errors"] is True
+    assert outlier["enforcing_consecutive_local_origin_failure"] == 0
+    (check,) = clusters["code-model"]["health_checks"]
+    assert check["http_health_check"]["path"] == "/v1/models" and check["interval"] == "2s"
+    assert check["http_health_check"]["expected_statuses"] == [{"start": 100, "end": 500}]
+    quiet = {c["name"]: c for c in render(_ranked(tmp_path, health_interval_s=0))["static_resources"]["clusters"]}
+    assert "health_checks" not in quiet["code-model"]
+    with pytest.raises(ConfigError, match="failover.health_path"):
+        _ranked(tmp_path, health_path="v1/models")
 
 
 def test_max_attempts_bounds_the_chains_and_one_renders_none(tmp_path):

@@ -91,4 +91,5 @@ def envoy_series(expr: str) -> set[str]:
 # Envoy's stats the dashboard and alerts read for failover (tests/integration/test_failover.py finds
 # each in the rendered gateway's /stats/prometheus; tests/deploy checks the dashboard names no other).
 ENVOY_FAILOVER_STATS = ("envoy_cluster_upstream_rq_total", "envoy_cluster_upstream_rq_retry",
-                        "envoy_cluster_upstream_cx_connect_fail", "envoy_cluster_outlier_detection_ejections_active")
+                        "envoy_cluster_upstream_cx_connect_fail", "envoy_cluster_outlier_detection_ejections_active",
+                        "envoy_cluster_health_check_failure", "envoy_cluster_membership_healthy")
