@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from esr_extproc.json_scan import value_at, with_members
+from esr_extproc.json_scan import member_bytes, value_at, with_members
 from esr_extproc.serving import ServiceSettings
 from filters.context import RequestContext
 from router.classifier import Decision
@@ -60,6 +60,11 @@ def forwarded_body(ctx: RequestContext, wire: WireBody, decision: Decision, sett
     # ambiguous to backends.
     placed = ctx.rewrite_model and (ctx.unread is None or wire.model_span is not None)
     if placed and ctx.requested_model != decision.model:
+        spliced["model"] = (wire.model_span, decision.model)
+    elif (decision.chain and wire.model_span is not None and ctx.requested_model == decision.model
+          and wire.raw[wire.model_span[0]:wire.model_span[1]] != member_bytes(decision.model)):
+        # Envoy's failover rewrite finds the model by its bytes: the same name spelled otherwise
+        # (escapes) is written as the rewrite spells it, or a retry would leave it as sent.
         spliced["model"] = (wire.model_span, decision.model)
     model_at = None
     if decision.chain and ("model" in spliced or (wire.model_span is not None and ctx.requested_model == decision.model)):

@@ -39,47 +39,104 @@ _IMAGE_PARTS = ("image_url", "image", "input_image")
 
 def request_facts(data: MutableMapping[str, Any], path: str) -> RequestFacts:
     """What rules and the model choice read: the whole prompt's estimated tokens (every text the
-    model reads, as the guard reads it), whether tools are offered, whether a message carries an
-    image, the answer's token limit, structured output asked for, streaming."""
+    model reads, as the guard reads it), whether tools are offered or used, whether an image is
+    anywhere in the turns, the answer's token limit, structured output asked for, streaming. Each
+    is read as backends' pydantic models read it (lax: "4000" and 4000.0 are 4000, "true" is
+    true), so no spelling makes a request look smaller than the backend will find it."""
     tokens = sum(estimate_tokens(t) for t in model_texts(data, path, runs=False))
-    tools = any(isinstance(offered := data.get(k), list) and len(offered) > 0 for k in ("tools", "functions"))
     items = data.get("input") if path.endswith("/responses") else data.get("messages")
-    return RequestFacts(tokens, tools, _has_image(items), _max_tokens(data), _structured(data, path),
-                        data.get("stream") is True)
+    tools = any(isinstance(offered := data.get(k), list) and len(offered) > 0 for k in ("tools", "functions"))
+    return RequestFacts(tokens, tools or _uses_tools(items), _has_image(items), _max_tokens(data),
+                        _structured(data, path), lax_bool(data.get("stream")) is True)
 
 
 # The answer's limit by API: chat completions (max_completion_tokens, formerly max_tokens), legacy
 # completions and Anthropic Messages (max_tokens), the Responses API (max_output_tokens).
 _MAX_TOKENS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 _STRUCTURED = ("json_schema", "json_object")
+# vLLM's constrained decoding, asked for beside the OpenAI fields.
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+# What a turn that calls a tool or carries its result holds, by API: OpenAI chat (role tool or
+# function, tool_calls, function_call), Anthropic (tool_use, tool_result parts), Responses items.
+_TOOL_ROLES = ("tool", "function")
+_TOOL_KEYS = ("tool_calls", "function_call")
+_TOOL_PARTS = ("tool_use", "tool_result", "function_call", "function_call_output", "server_tool_use")
+_INTEGER = re.compile(r"[+-]?\d+(?:\.0*)?")
+_TRUE, _FALSE = ("true", "1", "yes", "on", "y", "t"), ("false", "0", "no", "off", "n", "f")
+
+
+def lax_int(value: Any) -> int | None:
+    """An integer as pydantic reads one in lax mode: an int, a float without a fraction, a string
+    of either (spaces around it allowed). None: not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and len(value) <= 32 and _INTEGER.fullmatch(value.strip()):
+        return int(float(value.strip())) if "." in value else int(value.strip())
+    return None
+
+
+def lax_bool(value: Any) -> bool | None:
+    """A boolean as pydantic reads one in lax mode (true, 1, "yes", "on", ...). None: not one."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        return True if word in _TRUE else False if word in _FALSE else None
+    return None
 
 
 def _max_tokens(data: Mapping[str, Any]) -> int:
-    for key in _MAX_TOKENS:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
+    """The largest answer limit any of the API's keys asks for (a backend reading either key may
+    use it)."""
+    limits = [lax_int(data.get(key)) for key in _MAX_TOKENS]
+    return max([n for n in limits if n is not None and n > 0], default=0)
 
 
 def _structured(data: Mapping[str, Any], path: str) -> bool:
-    """response_format (chat completions) or text.format (Responses API) of a JSON type."""
+    """response_format (chat completions) or text.format (Responses API) of a JSON type, or vLLM's
+    guided decoding."""
     if path.endswith("/responses"):
         text = data.get("text")
         asked = text.get("format") if isinstance(text, dict) else None
     else:
         asked = data.get("response_format")
-    return isinstance(asked, dict) and asked.get("type") in _STRUCTURED
+    return (isinstance(asked, dict) and asked.get("type") in _STRUCTURED) or any(
+        data.get(k) not in (None, "", [], {}) for k in _GUIDED)
 
 
-def _has_image(items: Any) -> bool:
+def _uses_tools(items: Any) -> bool:
+    """A turn calls a tool or carries a tool's result: the model must read tool turns."""
     if not isinstance(items, list):
         return False
     for m in items:
-        content = m.get("content") if isinstance(m, dict) else None
-        parts = content if isinstance(content, list) else [m]
-        if any(isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in parts):
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") in _TOOL_ROLES or m.get("type") in _TOOL_PARTS:
             return True
+        if any(m.get(k) not in (None, []) for k in _TOOL_KEYS):
+            return True
+        content = m.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _TOOL_PARTS for p in content):
+            return True
+    return False
+
+
+def _has_image(value: Any, depth: int = 0) -> bool:
+    """An image part anywhere in the turns: in a message's content, or nested in a tool's result."""
+    if depth > 16:
+        return False
+    if isinstance(value, list):
+        return any(_has_image(v, depth + 1) for v in value if isinstance(v, (list, dict)))
+    if isinstance(value, dict):
+        if value.get("type") in _IMAGE_PARTS:
+            return True
+        return any(_has_image(v, depth + 1) for v in value.values() if isinstance(v, (list, dict)))
     return False
 
 

@@ -722,3 +722,30 @@ def test_one_client_holds_at_most_its_share_of_the_slots_and_others_are_still_de
                 await call.done_writing()
 
     run(main())
+
+
+def test_a_model_spelled_with_escapes_is_written_as_the_failover_rewrite_finds_it():
+    """Envoy's failover rewrite finds the body's model by its bytes at x-semantic-router-model-at:
+    a pinned model spelled with a JSON escape is rewritten to its plain spelling there, or a retry
+    would leave it as sent for the next model."""
+    code = {k: v for k, v in CONFIG["routes"][1].items() if k != "model"}
+    config = {**CONFIG, "routes": [CONFIG["routes"][0], {**code, "models": ["code-model", "general-model"]}],
+              "failover": {"pinned": "failover"}}
+
+    async def main():
+        async with Harness(config) as h:
+            raw = b'{"messages":[{"role":"user","content":"hi"}],"model":"code\\u002dmodel","temperature":0}'
+            _, resp = await h.exchange(headers_msg(), body_msg(raw))
+            hs = set_headers(resp)
+            assert hs["x-semantic-router-chain"] == "code-model,general-model"
+            body = resp.request_body.response.body_mutation.body
+            at = int(hs["x-semantic-router-model-at"])
+            assert body[at:at + len(b'"code-model"')] == b'"code-model"'
+            assert json.loads(body) == {**json.loads(raw), "model": "code-model"}
+            # the plain spelling is forwarded as sent
+            plain = raw.replace(b"code\\u002dmodel", b"code-model")
+            _, resp = await h.exchange(headers_msg(), body_msg(plain))
+            assert not resp.request_body.response.HasField("body_mutation")
+            assert plain[int(set_headers(resp)["x-semantic-router-model-at"]):].startswith(b'"code-model"')
+
+    run(main())

@@ -125,7 +125,9 @@ def test_a_pinned_model_keeps_its_model_and_its_failure(stack):
     ({"image": True}, "images"),
     ({"system": "Background for the task. " * 600}, "context"),
     ({"max_tokens": 4000}, "context"),
-], ids=["tools", "structured-output", "image", "long-prompt", "long-answer"])
+    ({"max_tokens": "4000"}, "context"),  # as backends' pydantic models read it
+    ({"extra_body": {"guided_json": {"type": "object"}}}, "structured_output"),
+], ids=["tools", "structured-output", "image", "long-prompt", "long-answer", "long-answer-as-text", "guided-json"])
 def test_a_request_never_reaches_a_model_that_cannot_serve_it(stack, ask, lacks):
     image, system = ask.pop("image", False), ask.pop("system", None)
 

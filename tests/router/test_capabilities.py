@@ -172,6 +172,52 @@ def test_request_facts_read_the_answers_limit_structured_output_and_streaming():
     assert request_facts({"messages": [], "max_tokens": True}, CHAT).max_tokens == 0  # not a number
 
 
+@pytest.mark.parametrize("limit", ["4000", " 4000 ", 4000.0, "4000.0"])
+def test_an_answers_limit_is_read_as_backends_coerce_it(limit):
+    # vLLM's and the OpenAI-compatible servers' pydantic models take each of these as 4000
+    assert request_facts({"messages": [], "max_tokens": limit}, CHAT).max_tokens == 4000
+    # a backend may read either key: the larger counts
+    assert request_facts({"messages": [], "max_completion_tokens": 10, "max_tokens": limit}, CHAT).max_tokens == 4000
+    assert request_facts({"messages": [], "max_tokens": "4000.5"}, CHAT).max_tokens == 0
+
+
+@pytest.mark.parametrize("stream, read", [("true", True), (1, True), ("yes", True), ("false", False), (0, False)])
+def test_streaming_is_read_as_backends_coerce_it(stream, read):
+    assert request_facts({"messages": [], "stream": stream}, CHAT).stream is read
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
+    [{"role": "assistant", "function_call": {"name": "w", "arguments": "{}"}}],
+], ids=["openai-tool-turns", "anthropic-tool-result", "legacy-function-call"])
+def test_a_conversation_that_used_tools_needs_a_model_that_takes_them(messages):
+    assert request_facts({"messages": messages}, CHAT).has_tools is True
+
+
+def test_a_responses_item_of_a_tool_call_needs_tools():
+    items = [{"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    assert request_facts({"input": items}, "/v1/responses").has_tools is True
+
+
+def test_an_image_anywhere_in_the_turns_counts():
+    nested = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}]}]}]
+    assert request_facts({"messages": nested}, "/v1/messages").has_images is True
+    item = [{"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image", "image_url": "x"}]}]
+    assert request_facts({"input": item}, "/v1/responses").has_images is True
+    assert request_facts({"messages": [{"role": "user", "content": "an image_url"}]}, CHAT).has_images is False
+
+
+def test_vllms_guided_decoding_is_structured_output():
+    assert request_facts({"messages": [], "guided_json": {"type": "object"}}, CHAT).structured is True
+    assert request_facts({"messages": [], "guided_choice": ["a", "b"]}, CHAT).structured is True
+    assert request_facts({"messages": [], "guided_json": None}, CHAT).structured is False
+
+
 def test_the_prompts_tokens_count_each_message_once():
     short = {"messages": [{"role": "user", "content": "one two three"}, {"role": "user", "content": "four five"}]}
     assert request_facts(short, CHAT).prompt_tokens == estimate_tokens("one two three") + estimate_tokens("four five")
