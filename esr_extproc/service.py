@@ -209,10 +209,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 return replies.headers_shed(spoofed, standard, {REASON: why}, why)
             stream.holders = keys
         if headers.end_of_stream:  # an LLM call with no body at all: Envoy sends no body message
-            if current is not None:
-                metrics.BAD_REQUESTS.labels("empty").inc()
-                return routed_answer.routed(None, None, current.engine.default("invalid_body"), current.settings,
-                                            at_headers=True)
+            if current is None:  # model still loading: undecided, saying so (not Envoy's no_answer)
+                metrics.REQUESTS.labels("not_ready").inc()
+                return replies.headers_skip_body(spoofed, standard, "not_ready")
+            metrics.BAD_REQUESTS.labels("empty").inc()
+            return routed_answer.routed(None, None, current.engine.default("invalid_body"), current.settings,
+                                        at_headers=True)
         stream.cache = CacheExchange.open(self.cache, stream.path, h, kept_by_envoy=h.get(CACHE_KEEPER) == "lua")
         # An answer that may be kept is shown to the router as it streams past, unless Envoy's keeper
         # hands it back whole: Envoy is asked now (the only time it takes a new mode). Envoy takes no

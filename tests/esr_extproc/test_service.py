@@ -749,3 +749,16 @@ def test_a_model_spelled_with_escapes_is_written_as_the_failover_rewrite_finds_i
             assert plain[int(set_headers(resp)["x-semantic-router-model-at"]):].startswith(b'"code-model"')
 
     run(main())
+
+
+def test_an_llm_call_with_no_body_before_the_model_is_ready_is_undecided_as_not_ready():
+    """Before the first config is served (the model loading), a call Envoy sends no body for is
+    unmarked and says why: Envoy's undecided log and metric read not_ready, not no_answer."""
+    async def main():
+        async with Harness() as h:
+            h.service.serving = None  # as before RouterServer serves its first config
+            (answer,) = await h.exchange(headers_msg(end_of_stream=True))
+            said = answer.dynamic_metadata.fields["semantic_router.decided"].struct_value.fields
+            assert dict(said).keys() == {"undecided"} and said["undecided"].string_value == "not_ready"
+
+    run(main())
