@@ -38,7 +38,7 @@ class Tracing:
             from opentelemetry import trace
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import SpanLimits, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -51,7 +51,11 @@ class Tracing:
         self._propagator = TraceContextTextMapPropagator()
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": config.service_name, "service.instance.id": process}),
-            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+            # Each span's size is bounded whatever a filter or plugin sets on it, so one request
+            # cannot crowd other clients' spans out of the exporter's batches.
+            span_limits=SpanLimits(max_attributes=SPAN_ATTRIBUTES_MAX, max_attribute_length=ATTRIBUTE_MAX,
+                                   max_events=16, max_links=4, max_event_attributes=16, max_link_attributes=16))
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint, insecure=True)))
         self.tracer = self._provider.get_tracer("semantic_router")
 
@@ -102,7 +106,8 @@ class Tracing:
         self._provider.shutdown()
 
 
-ATTRIBUTE_MAX = 256  # characters of a client's value in a span attribute
+ATTRIBUTE_MAX = 256  # characters of a client's value in a span attribute, and of any attribute
+SPAN_ATTRIBUTES_MAX = 64  # attributes a span keeps: with ATTRIBUTE_MAX, at most 16 Ki characters a span
 
 
 def decision_attributes(decision: Any, requested_model: str | None, cache: str | None) -> dict[str, Any]:

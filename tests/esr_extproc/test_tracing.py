@@ -37,3 +37,19 @@ def test_a_clients_model_value_is_cut_in_its_span():
     decision = Decision("general", "general-model", 0.1, "default", 0.5, "")
     attributes = decision_attributes(decision, "m" * 1_000_000, None)
     assert attributes["semantic_router.requested_model"] == "m" * 256
+
+
+def test_every_span_is_bounded_whatever_is_set_on_it():
+    from esr_extproc.tracing import ATTRIBUTE_MAX, SPAN_ATTRIBUTES_MAX
+
+    # sampled, exported nowhere (sample ratio 0 would drop the span before its limits apply)
+    tracing = Tracing(TracingConfig(enabled=True, sample_ratio=1.0, endpoint="127.0.0.1:9"))
+    try:
+        with tracing.request(()) as span:
+            for i in range(1000):
+                span.set_attribute(f"plugin.{i}", i)
+            span.set_attribute("plugin.value", "x" * 1_000_000)
+        assert len(span.attributes) == SPAN_ATTRIBUTES_MAX
+        assert span.attributes["plugin.value"] == "x" * ATTRIBUTE_MAX
+    finally:
+        tracing.shutdown()
