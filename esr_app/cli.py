@@ -13,12 +13,18 @@ from pathlib import Path
 
 from esr_settings import replace_at
 from esr_app import event_loop
-from esr_app.quality_cli import cmd_classify, cmd_eval, cmd_fit, cmd_replay, load_or_exit
-from esr_config import ConfigError, RouterConfig
-from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
-from esr_tuning.fit import OBJECTIVES
+from esr_config import ConfigError, RouterConfig, load_or_exit
 
 DEFAULT_CONFIG = Path(os.environ.get("SEMANTIC_ROUTER_CONFIG", "router.yaml"))
+
+
+def _offline(name: str):
+    """An offline command (esr_app.quality_cli), imported when it runs: serving imports no tuning code."""
+    def run(args: argparse.Namespace) -> int:
+        from esr_app import quality_cli
+
+        return getattr(quality_cli, name)(args)
+    return run
 
 
 def _with_server_overrides(config: RouterConfig, args: argparse.Namespace) -> RouterConfig:
@@ -245,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     classify.add_argument("--json", action="store_true")
     classify.add_argument("text", nargs="+")
-    classify.set_defaults(func=cmd_classify)
+    classify.set_defaults(func=_offline("cmd_classify"))
 
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL: {text, label} per line, or "
                         "conversations {messages, labels} scored per user turn")
@@ -254,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     ev.add_argument("--html", type=Path, help="also write the report as a page: confusion heat map, score "
                     "distributions per route")
-    ev.set_defaults(func=cmd_eval)
+    ev.set_defaults(func=_offline("cmd_eval"))
 
     ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL; "
                         "on conversations also the conversation gate")
@@ -268,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--top-k", action=argparse.BooleanOptionalAction, default=True,
                     help="similarity method: also choose top_k (on by default; with 10 examples per intent on "
                     "CLINC150, top-5 mean against top-1 raised val accuracy at a 20%% default share 0.89 -> 0.92)")
-    ft.add_argument("--objective", choices=OBJECTIVES, default="shifted",
+    ft.add_argument("--objective", default="shifted", metavar="{shifted,accuracy,balanced}",
                     help="shifted: accuracy as if a fifth of the traffic were the default route's (holds when "
                     "out-of-scope traffic grows); accuracy: at the data's own mix; balanced: mean of in-scope "
                     "accuracy and default-route recall")
@@ -278,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first fine-tune the encoder on the in-scope examples (their intents when every line has "
                     "one); saved as OUT's name with .model, which the written config names")
     ft.add_argument("--finetune-epochs", type=float, default=1.0)
-    ft.add_argument("--confidence-default-share", type=_share_flag, default=SHIFTED_DEFAULT_SHARE, metavar="SHARE",
+    ft.add_argument("--confidence-default-share", type=_share_flag, default=None, metavar="SHARE",
                     help="calibrate x-semantic-route-confidence for traffic of which this share belongs to the "
                     "default route, as the shifted objective assumes (default 0.2), or `data` for the data's own "
                     "mix (also what data with no default-route examples gets)")
@@ -288,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--static-only", action="store_true",
                     help="fit only the cascade's static tier (static_tier) to the config's encoder decisions; a "
                     "similarity config takes any {text} lines, labelled or not, as traffic")
-    ft.set_defaults(func=cmd_fit)
+    ft.set_defaults(func=_offline("cmd_fit"))
 
     rp = sub.add_parser("replay", help="decide recorded requests (records.prompts) again with a candidate config "
                         "and report what would change; exit 3 past a budget (a CI gate for config changes)")
@@ -299,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit 3 when more than this share of the decisions would move to another route")
     rp.add_argument("--max-cost-change", type=float, metavar="SHARE",
                     help="exit 3 when the prompt cost at the config's prices would change by more than this share")
-    rp.set_defaults(func=cmd_replay)
+    rp.set_defaults(func=_offline("cmd_replay"))
 
     ec = sub.add_parser("envoy-config", help="render the Envoy bootstrap for this router config")
     ec.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

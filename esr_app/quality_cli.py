@@ -14,16 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from esr_app.routing_build import static_embedding, static_tier, static_tier_on
-from esr_config import ConfigError, RouterConfig, leading_comments, load_config, write_config
+from esr_config import RouterConfig, leading_comments, load_or_exit, write_config
 from esr_settings import replace_at
-
-
-def load_or_exit(path: Path) -> RouterConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -409,6 +401,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from esr_tuning.evaluation import routed_texts_of
     from esr_tuning.fit import fit
 
+    from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
+    from esr_tuning.fit import OBJECTIVES
+
+    if args.objective not in OBJECTIVES:
+        print(f"fit: --objective must be one of {', '.join(OBJECTIVES)}, got {args.objective!r}", file=sys.stderr)
+        return 2
+    if args.confidence_default_share is None:
+        args.confidence_default_share = SHIFTED_DEFAULT_SHARE
     config = load_or_exit(args.config)
     guard = _guard_data(config, args.data)
     if guard is not None:

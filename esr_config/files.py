@@ -4,6 +4,7 @@ inverse (tests/esr_config/test_config.py round-trips it), the only writer `fit` 
 from __future__ import annotations
 
 import itertools
+import sys
 from pathlib import Path
 
 import yaml
@@ -11,7 +12,7 @@ import yaml
 from esr_config.schema import RouterConfig
 from esr_settings import ConfigError, build, dump, replace_at
 
-__all__ = ["leading_comments", "load_config", "parse_config", "write_config"]
+__all__ = ["leading_comments", "load_config", "load_or_exit", "parse_config", "write_config"]
 
 
 def parse_config(data: object, source: str = "config") -> RouterConfig:
@@ -19,6 +20,15 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
         return build(RouterConfig, data, "")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_or_exit(path: Path) -> RouterConfig:
+    """load_config for a command line: a bad config is one line on stderr and exit status 2."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def load_config(path: str | Path) -> RouterConfig:
