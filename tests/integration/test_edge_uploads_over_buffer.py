@@ -100,7 +100,11 @@ def test_uploads_over_the_buffer_are_refused_and_none_hangs(gateway, chunked):
     if not chunked:
         assert by_router or name == "envoy-gateway-Buffered", "the content-length was not refused at the headers"
     after = metric(scrape(stack.metrics_url), "semantic_router_bad_requests_total", 'kind="too_large_upload"')
-    assert after == before + by_router
+    # Every refusal the client got from the router is counted. Where the gateway's own buffer also
+    # refuses (Envoy Gateway, buffered), the two race: the router may count a refusal whose answer
+    # lost to Envoy's 413 (seen once in CI-sized runs), never one it did not make.
+    refused_by_both = 3 if name == "envoy-gateway-Buffered" and not chunked else by_router
+    assert before + by_router <= after <= before + refused_by_both, (before, after, by_router)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
