@@ -15,7 +15,7 @@ from esr_extproc.json_scan import (BadBody, DuplicateKey, LazyObject, byte_span,
                                    element_starts, fold, top_level, utf8_text)
 from router.config import RequestsConfig
 from router.guard_pieces import as_read, guard_pieces
-from router.llm_body import conversation_of, request_facts, texts_to_route, well_formed
+from router.llm_body import conversation_of, lax_bool, request_facts, texts_to_route, well_formed
 from router.rules import RequestFacts
 
 _DEFAULT_POLICY = RequestsConfig()
@@ -44,7 +44,7 @@ def cache_view(text: str, data: LazyObject, window_tokens: int) -> CacheView:
         turn = last_user_text(data)
         if turn is not None and embedded_whole(turn, window_tokens):
             last_turn = well_formed(turn)
-    return CacheView(members, history, last_turn, data.get("stream") is True)
+    return CacheView(members, history, last_turn, lax_bool(data.get("stream")) is True)  # as the backend reads it (request_facts)
 
 
 # Member names of the objects backends decode into typed fields (the request, its messages and

@@ -296,3 +296,11 @@ def test_the_default_threshold_keeps_near_questions_of_another_intent_apart_on_a
     kept_v, asked_v = encoder.encode(["what is the date of today", "what is the date today"])
     index.add("broad", kept_v, "kept", 5)
     assert index.nearest("broad", asked_v, threshold, 4) is not None
+
+
+@pytest.mark.parametrize("stream, read", [(True, True), ("true", True), (1, True), ("yes", True), (False, False),
+                                          ("0", False), ("maybe", False)])
+def test_the_cache_reads_stream_as_the_backend_does(stream, read):
+    # The answer comes back in the shape the backend chose from this value (pydantic, lax): the
+    # cache keeps and replays it in that shape, as request_facts reads it.
+    assert cache_view_of({"messages": [{"role": "user", "content": "hi"}], "stream": stream}).stream is read
