@@ -138,8 +138,8 @@ def service_settings(config: RouterConfig, engine: RoutingEngine) -> ServiceSett
 
 # Refusals that say "not now": a start or reload waits them out instead of failing (in a pool, a
 # worker whose reload failed would serve the old routes while the others serve the new). A remote
-# engine that answered its first call may still time out on a cold batch of utterances (CI saw
-# 2 s on a busy 2-core machine), and a model process may be restarting: both pass.
+# engine that answered its first call may still time out on a cold batch of utterances on a busy
+# node, and a model process may be restarting: both pass.
 _NOT_NOW = (Overloaded, DeadlineExceeded, RemoteError, ModelUnavailable)
 
 
