@@ -55,6 +55,11 @@ def test_traffic_flows_to_default_while_router_is_dead_and_routing_resumes(own_s
         r = post(own_stack, {**MATH, "model": model}, {"x-selected-model": "general-model"})
         assert r.status_code == 200 and r.headers["x-mock-backend"] == model
     assert post(own_stack, {**MATH, "model": "no-such-model"}).headers["x-mock-backend"] == "general-model"
+    # Envoy reads the model of a body under 100 kB only (its parser holds a worker for the whole
+    # body): a larger one goes where an unpinned one goes.
+    padded = {**MATH, "model": "code-model", "metadata": {"pad": "x" * 100_000}}
+    assert post(own_stack, padded).headers["x-mock-backend"] == "general-model"
+    assert post(own_stack, {**padded, "metadata": {"pad": "x" * 99_000}}).headers["x-mock-backend"] == "code-model"
 
     own_stack.start_router()
     r = post(own_stack, MATH)
