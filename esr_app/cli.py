@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft = sub.add_parser("fit", help="tune thresholds (and top-k or a trained head) on labelled JSONL; "
                         "on conversations also the conversation gate")
     ft.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    ft.add_argument("--data", type=Path, required=True)
+    ft.add_argument("--data", type=Path, help="labelled JSONL (required unless --from-records)")
     ft.add_argument("--out", type=Path, required=True, help="where to write the tuned config")
     ft.add_argument("--head", action="store_true", help="train a linear head on the data and use it")
     ft.add_argument("--head-score", choices=("auto", "probability", "energy"), default="auto",
@@ -294,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--static-only", action="store_true",
                     help="fit only the cascade's static tier (static_tier) to the config's encoder decisions; a "
                     "similarity config takes any {text} lines, labelled or not, as traffic")
+    ft.add_argument("--from-records", type=Path, action="append", metavar="FILE",
+                    help="refit the static tier on the encoder's own decisions of recorded requests (records.prompts); "
+                    "repeatable; labelled --data, when given, counts too and keeps its labels")
+    ft.add_argument("--held-out", type=float, default=0.2, metavar="SHARE",
+                    help="with --from-records: the share of records (by a hash of their texts) kept to judge the refit")
+    ft.add_argument("--report", type=Path, metavar="JSON",
+                    help="with --from-records: the held-out figures, before and after, as JSON")
     ft.set_defaults(func=_offline("cmd_fit"))
 
     rp = sub.add_parser("replay", help="decide recorded requests (records.prompts) again with a candidate config "

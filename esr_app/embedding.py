@@ -25,7 +25,8 @@ class Encoder(Backend[Any], Protocol):
 BackendFactory = Callable[[RouterConfig], Backend]
 
 
-def make_backend(config: RouterConfig) -> Encoder:
+def make_backend(config: RouterConfig, offline: bool = False) -> Encoder:
+    """`offline`: for a command (fit, eval) that has the machine's CPUs to itself."""
     if config.encoder.remote is not None:
         from esr_remote.backend import RemoteBackend
 
@@ -33,7 +34,7 @@ def make_backend(config: RouterConfig) -> Encoder:
     from esr_app.routing_build import static_tier_on
 
     # The static tier decides most requests on the event loop, beside the model: it keeps a CPU.
-    front_end_cpus = 1 if static_tier_on(config) else 0
+    front_end_cpus = 1 if static_tier_on(config) and not offline else 0
     if runtime(config) == "onnx":
         from esr_model.onnx_encoder import OnnxEncoder
 

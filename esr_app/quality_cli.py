@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ def offline(config: RouterConfig):
     from router.classifier import RouteClassifier
 
     setup_logging("warning")
-    encoder = make_backend(config)
+    encoder = make_backend(config, offline=True)
     return encoder, RouteClassifier(config, encoder.encode)
 
 
@@ -395,6 +396,56 @@ def _fit_static_only(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
+    """The static tier refitted on recorded traffic, labelled by the config's encoder (esr_tuning/
+    records_fit.py); the encoder and its thresholds stay as they are. Judged on held-out records."""
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.fit import FitResult
+    from esr_tuning.records_fit import format_judged, held_out, judged, teaching
+    from esr_tuning.replay import read_records
+
+    if not static_tier_on(config):
+        print("--from-records refits the static tier: static_tier.enabled is off for this config", file=sys.stderr)
+        return 2
+    if not 0.0 < args.held_out < 1.0:
+        print("--held-out must be between 0 and 1", file=sys.stderr)
+        return 2
+    records = []
+    left_out: Counter = Counter()
+    for path in args.from_records:
+        with _data_errors(OSError, ValueError):
+            found, skipped = read_records(path)
+        records += found
+        left_out += skipped
+    teach, judge = held_out(records, args.held_out)
+    if len(teach) < 50 or len(judge) < 20:
+        print(f"--from-records: {len(records)} replayable records ({len(teach)} to learn from, {len(judge)} held out); "
+              "at least 50 and 20 are needed (records.prompts must be on)", file=sys.stderr)
+        return 2
+    labelled = _labelled(config, args.data) if args.data else None
+    labelled_texts = routed_texts_of(config, labelled.texts) if labelled else []
+    encoder, classifier = offline(config)
+    vectors = text_vectors(encoder, list(dict.fromkeys([t for r in records for t in r.texts] + labelled_texts)))
+    before = judged(config, classifier, static_tier(config), judge, vectors)
+    taught = teaching(config, classifier, teach, vectors, labelled_texts)
+    texts, labels = taught.texts + labelled_texts, taught.labels + (labelled.labels if labelled else [])
+    embeddings = np.stack([vectors[t] for t in texts])
+    result, fitted, tier = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts,
+                                            labels, None)
+    after = judged(result.config, classifier, tier, judge, vectors)
+    write_config(_with_heads(result.config, args.out, None, fitted), args.out, leading_comments(args.config))
+    print(f"records: {len(records)} replayable ({len(teach)} to learn from, {len(judge)} held out); "
+          + ", ".join(f"{k} {v}" for k, v in sorted((taught.counts + left_out).items())))
+    for note in result.notes:
+        print(note)
+    print(format_judged(before, after))
+    if args.report:
+        args.report.write_text(json.dumps({"before": before, "after": after, "counts": dict(taught.counts)},
+                                               indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
 
     from router.classifier import RouteClassifier
@@ -410,9 +461,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.confidence_default_share is None:
         args.confidence_default_share = SHIFTED_DEFAULT_SHARE
     config = load_or_exit(args.config)
-    guard = _guard_data(config, args.data)
+    guard = _guard_data(config, args.data) if args.data is not None else None
     if guard is not None:
         return cmd_fit_guard(args, config, guard)
+    if args.from_records:
+        return _fit_from_records(args, config)
+    if args.data is None:
+        print("fit: --data is required (labelled JSONL), unless --from-records", file=sys.stderr)
+        return 2
     if args.static_only:
         return _fit_static_only(args, config)
     static_fit = None  # the cascade's first tier, where fit fits one (its head and table rows are saved)

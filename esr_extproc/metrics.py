@@ -36,7 +36,8 @@ UNDECIDED = Counter("semantic_router_undecided_total",
                     "out of time or failed) and outcome (default_route: sent on by the undecided policy; refused).",
                     ["why", "outcome"])
 RECORDS = Counter("semantic_router_decision_records_total",
-                  "Decision records, by outcome: written, or dropped (rate_limited, queue_full) or failed (error).",
+                  "Decision records, by outcome: written, or dropped (rate_limited, queue_full) or failed (error); "
+                  "rotated: a file moved to .1 (records.max_bytes, max_age_s).",
                   ["outcome"])
 BACKEND_FAILURES = Counter(
     "semantic_router_backend_failures_total",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import random
 import sys
@@ -31,6 +32,7 @@ QUEUE = 4096  # records waiting for the writer; past it, dropped
 # and a line to LINE_MAX bytes: one request cannot make a record that costs the others theirs.
 FIELD_MAX = 256
 LINE_MAX = 256 * 1024
+LOOK_S = 1.0  # how often a writer looks at its file: moved away, too large, too old
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,16 @@ class RecordsConfig:
     max_per_s: float = 1000.0  # at most this many a second (a token bucket a second deep)
     prompts: bool = False  # also the texts routed on: personal data, opt in
     prompt_max_chars: int = 4096  # each text cut to this many characters
+    # Retention: the file is moved to `<path>.1` (the one before it deleted) once it holds this many
+    # bytes, or its first record is this old; 0: never. At most two files' worth is ever kept.
+    max_bytes: int = 0
+    max_age_s: float = 0.0
 
     def __post_init__(self):
+        require(self.max_bytes >= 0, "max_bytes", "must be 0 (no limit) or a positive number of bytes")
+        require(self.max_age_s >= 0, "max_age_s", "must be 0 (no limit) or a positive number of seconds")
+        require(self.path != "-" or not (self.max_bytes or self.max_age_s), "max_bytes",
+                "a size or age bound needs records.path to name a file")
         require(0.0 <= self.sample_ratio <= 1.0, "sample_ratio", "must be between 0 and 1")
         require(self.max_per_s > 0, "max_per_s", "must be positive")
         require(self.prompt_max_chars >= 1, "prompt_max_chars", "must be at least 1")
@@ -78,13 +88,16 @@ def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache:
 
 
 class DecisionRecorder:
-    def __init__(self, config: RecordsConfig, draw=random.random):
+    def __init__(self, config: RecordsConfig, draw=random.random, look_s: float = LOOK_S):
         self.config = config
+        self._look_s = look_s
         self._random = draw
         self._tokens = config.max_per_s
         self._refilled = time.monotonic()
         self._queue: queue.Queue[dict | None] = queue.Queue(QUEUE)
         self._out: BinaryIO | None = None
+        self._since: float | None = None  # the open file's first record's time
+        self._next_look = 0.0
         self._thread = threading.Thread(target=self._write, name="decision-records", daemon=True)
         self._thread.start()
 
@@ -129,6 +142,8 @@ class DecisionRecorder:
                 # without a line of one cutting into another's.
                 self._open().write(encode_line(line))
                 WRITTEN.labels("written").inc()
+                if self._since is None:
+                    self._since = line["time"]
             except Exception as exc:  # one record lost, never the writer
                 WRITTEN.labels("error").inc()
                 log.warning("decision record not written", extra={"error": type(exc).__name__})
@@ -136,9 +151,52 @@ class DecisionRecorder:
             self._out.close()
 
     def _open(self) -> BinaryIO:
+        if self._out is not None and self.config.path != "-" and time.monotonic() >= self._next_look:
+            self._look()
         if self._out is None:
-            self._out = sys.stdout.buffer if self.config.path == "-" else open(self.config.path, "ab", buffering=0)
+            if self.config.path == "-":
+                self._out = sys.stdout.buffer
+            else:
+                self._out = open(self.config.path, "ab", buffering=0)
+                self._since = _first_time(self.config.path)
+                self._next_look = time.monotonic() + self._look_s
         return self._out
+
+    def _look(self) -> None:
+        """Reopens the file when another process (or the refit job) moved it away, and moves it to
+        `.1` itself when it is past its size or age: `mv` is how a file is taken for a refit, and
+        every process of a pool writes to the new file within LOOK_S."""
+        assert self._out is not None
+        self._next_look = time.monotonic() + self._look_s
+        path, mine = self.config.path, os.fstat(self._out.fileno())
+        try:
+            there = os.stat(path)
+        except FileNotFoundError:
+            there = None
+        if there is None or there.st_ino != mine.st_ino:
+            self._reopen()
+            return
+        old = self.config.max_age_s and self._since is not None and time.time() - self._since >= self.config.max_age_s
+        if (self.config.max_bytes and there.st_size >= self.config.max_bytes) or old:
+            os.replace(path, path + ".1")
+            WRITTEN.labels("rotated").inc()
+            self._reopen()
+
+    def _reopen(self) -> None:
+        assert self._out is not None
+        self._out.close()
+        self._out = None
+        self._open()
+
+
+def _first_time(path: str) -> float | None:
+    """The time of a file's first record (None: empty, or not a record): what its age is counted from."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(LINE_MAX + 1)
+        return float(json.loads(first)["time"]) if first else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _bounded(value: Any, texts: bool = False) -> Any:

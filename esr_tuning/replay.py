@@ -26,6 +26,9 @@ from router.static_tier import StaticTier
 REDECIDED = frozenset({"matched", "context", "default", "low_confidence", "keyword", "rule", "no_prompt", "no_capable_model"})
 
 
+MOVED_SHOWN = 20  # records named in the table report; --json names every one
+
+
 @dataclass(frozen=True)
 class Recorded:
     texts: tuple[str, ...]
@@ -34,6 +37,8 @@ class Recorded:
     model: str
     reason: str
     confidence: float
+    line: int = 0  # where in its file (1-based): how a report names the record
+    trace_id: str | None = None
 
 
 def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
@@ -59,7 +64,8 @@ def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
                                         RequestFacts(int(facts.get("prompt_tokens", 0)), bool(facts.get("tools")),
                                                      bool(facts.get("images")), int(facts.get("max_tokens", 0)),
                                                      bool(facts.get("structured")), bool(facts.get("stream"))),
-                                        str(row["route"]), str(row["model"]), reason, float(row["confidence"])))
+                                        str(row["route"]), str(row["model"]), reason, float(row["confidence"]),
+                                        n, row.get("trace_id") if isinstance(row.get("trace_id"), str) else None))
             except (ValueError, KeyError, TypeError) as exc:
                 raise BadRecord(f"{path}:{n}: not a decision record ({type(exc).__name__}: {exc})") from None
     return out, left_out
@@ -91,6 +97,10 @@ def report(config: RouterConfig, records: Sequence[Recorded], decisions: Sequenc
         "changed": sum(moved.values()),
         "changed_share": round(sum(moved.values()) / n, 4) if n else 0.0,
         "moved": [{"from": a, "to": b, "requests": c} for (a, b), c in sorted(moved.items(), key=lambda kv: -kv[1])],
+        # Each record that moves, by its line in the file (and trace, where it has one): a reviewer
+        # reads those records, not a count.
+        "moved_records": [{"line": r.line, "trace_id": r.trace_id, "from": r.route, "to": d.route,
+                           "reason": d.reason} for r, d in zip(records, decisions) if r.route != d.route],
         "models_before": shares(before),
         "models_after": shares(after),
         "cost_before": cost_before,
@@ -109,6 +119,11 @@ def format_report(out: dict) -> str:
     if out["moved"]:
         lines.append(f"{'from':<20} {'to':<20} {'requests':>8}")
         lines += [f"{m['from']:<20} {m['to']:<20} {m['requests']:>8}" for m in out["moved"]]
+        shown = out["moved_records"][:MOVED_SHOWN]
+        lines.append("records that move (line: from -> to): " + ", ".join(
+            f"{m['line']}: {m['from']} -> {m['to']}" for m in shown)
+            + (f", and {len(out['moved_records']) - len(shown)} more (--json lists all)"
+               if len(out["moved_records"]) > len(shown) else ""))
     lines.append(f"{'model':<24} {'before':>8} {'after':>8}")
     for model in sorted(set(out["models_before"]) | set(out["models_after"])):
         lines.append(f"{model:<24} {out['models_before'].get(model, 0):>8.4f} {out['models_after'].get(model, 0):>8.4f}")

@@ -76,3 +76,57 @@ def test_bad_settings_name_their_key(key, value):
     with pytest.raises(SettingError) as raised:
         RecordsConfig(**{key: value})
     assert raised.value.field == key
+
+
+def test_a_file_past_its_size_is_moved_to_dot_one_and_at_most_two_files_are_kept(tmp_path):
+    path = tmp_path / "records.jsonl"
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path), prompts=True, max_bytes=400), look_s=0)
+    for i in range(30):
+        recorder.record({"route": "math", "n": i}, texts=("solve 2x = 4",))
+    recorder.close()
+    current, before = _lines(path), _lines(tmp_path / "records.jsonl.1")
+    assert path.stat().st_size < 400 + 200 and (tmp_path / "records.jsonl.1").stat().st_size >= 400
+    assert current[-1]["n"] == 29 and [r["n"] for r in before + current] == list(range(before[0]["n"], 30))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "records.jsonl.1"]
+
+
+def test_a_file_taken_away_for_a_refit_is_followed_by_a_new_one(tmp_path):
+    path = tmp_path / "records.jsonl"
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path)), look_s=0)
+    recorder.record({"n": 0})
+    recorder.record({"n": 1})
+    recorder.close(timeout=5)  # the queue is written; a new recorder goes on where a pool's would
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path)), look_s=0)
+    recorder.record({"n": 2})
+    import time
+    deadline = time.monotonic() + 5
+    while not path.exists() or len(_lines(path)) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    taken = tmp_path / "taken.jsonl"
+    path.rename(taken)  # what the refit job does
+    recorder.record({"n": 3})
+    recorder.close()
+    assert [r["n"] for r in _lines(taken)] == [0, 1, 2] and [r["n"] for r in _lines(path)] == [3]
+
+
+def test_a_file_whose_first_record_is_past_its_age_is_moved(tmp_path):
+    import time
+
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"time": time.time() - 100, "n": -1}) + "\n")
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path), max_age_s=50), look_s=0)
+    recorder.record({"n": 0})
+    recorder.record({"n": 1})
+    recorder.close()
+    assert [r["n"] for r in _lines(tmp_path / "records.jsonl.1")] == [-1, 0] and [r["n"] for r in _lines(path)] == [1]
+
+
+def test_a_bound_needs_a_file_and_a_bad_one_is_named():
+    from esr_config import ConfigError, parse_config
+
+    base = {"routes": [{"name": "math", "model": "m", "utterances": ["x"]}], "default_route": {"name": "g", "model": "g"}}
+    with pytest.raises(ConfigError, match="records.max_bytes"):
+        parse_config({**base, "records": {"enabled": True, "path": "-", "max_bytes": 1000}})
+    with pytest.raises(ConfigError, match="records.max_age_s"):
+        parse_config({**base, "records": {"enabled": True, "path": "x", "max_age_s": -1}})

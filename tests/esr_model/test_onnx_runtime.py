@@ -154,3 +154,4 @@ def test_with_the_static_tier_on_the_model_threads_leave_a_cpu_to_the_event_loop
     assert make_backend(config).cpu_threads == max(1, cpus - 1)
     off = dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, enabled=False))
     assert make_backend(off).cpu_threads == cpus
+    assert make_backend(config, offline=True).cpu_threads == cpus  # fit, eval: the CPUs are theirs

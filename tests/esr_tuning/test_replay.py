@@ -46,7 +46,7 @@ def test_the_report_counts_moves_shares_and_cost(tmp_path):
     raw["prices"] = {"math-model": 1.0, "code-model": 3.0, "general-model": 0.5}
     config = parse_config(raw)
     path = tmp_path / "r.jsonl"
-    _write(path, [_row("math", "math-model"), _row("math", "math-model"), _row("code", "code-model")])
+    _write(path, [_row("math", "math-model"), _row("math", "math-model", trace_id="ab" * 16), _row("code", "code-model")])
     records, left_out = read_records(path)
     decisions = [Decision("math", "math-model", 0.9, "matched", 0.8), Decision("code", "code-model", 0.9, "matched", 0.7),
                  Decision("code", "code-model", 0.9, "matched", 0.6)]
@@ -56,6 +56,9 @@ def test_the_report_counts_moves_shares_and_cost(tmp_path):
     assert out["models_after"] == {"code-model": 0.6667, "math-model": 0.3333}
     assert (out["cost_before"], out["cost_after"]) == (0.005, 0.007) and out["cost_change"] == 0.4
     assert "math                 code                        1" in format_report(out)
+    # The record that moves is named: its line in the file, its trace.
+    assert out["moved_records"] == [{"line": 2, "trace_id": "ab" * 16, "from": "math", "to": "code", "reason": "matched"}]
+    assert "records that move (line: from -> to): 2: math -> code" in format_report(out)
 
 
 def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_does(tmp_path):
