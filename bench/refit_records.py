@@ -36,9 +36,9 @@ def run(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def few_shot(work: Path) -> Path:
-    """The few-shot config, fitted with --head on its own utterances (the default route's: CLINC's
-    100 out-of-scope train prompts)."""
+def few_shot(work: Path, head: bool) -> Path:
+    """The few-shot config, fitted on its own utterances (the default route's: CLINC's 100
+    out-of-scope train prompts): a head (--head), or similarity with tuned thresholds."""
     sys.path.insert(0, str(ROOT / "examples" / "clinc150"))
     from build_config import build  # type: ignore[import-not-found]
 
@@ -48,9 +48,10 @@ def few_shot(work: Path) -> Path:
         for route in [*config["routes"], config["default_route"]]:
             for text in route["utterances"]:
                 f.write(json.dumps({"text": text, "label": route["name"]}) + "\n")
-    run("fit", "--config", str(work / "few.yaml"), "--data", str(work / "few.jsonl"), "--head",
-        "--out", str(work / "few.fitted.yaml"))
-    return work / "few.fitted.yaml"
+    out = work / ("few.head.yaml" if head else "few.similarity.yaml")
+    run("fit", "--config", str(work / "few.yaml"), "--data", str(work / "few.jsonl"), *(["--head"] if head else []),
+        "--out", str(out))
+    return out
 
 
 def recorded(config_path: Path, work: Path, n: int, seed: int) -> Path:
@@ -71,7 +72,7 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> Path:
     encoder, classifier = offline(config)
     vectors = text_vectors(encoder, texts)
     tier, rules, models = static_tier(config), Rules(config), ModelChoice(config)
-    path = work / "records.jsonl"
+    path = work / (config_path.stem + ".records.jsonl")
     with open(path, "w") as f:
         for text in texts:
             facts = one_message_facts(text)
@@ -97,21 +98,24 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    few = few_shot(args.work)
-    records = recorded(few, args.work, args.records, args.seed)
-    refit = args.work / "few.refit.yaml"
-    seconds = run("fit", "--config", str(few), "--from-records", str(records), "--out", str(refit),
-                  "--report", str(args.work / "refit-report.json"))
-    rows = []
-    for name, path in (("few-shot, fit --head", few), ("after fit --from-records", refit)):
-        report = judged(path)
-        tiers = report.get("tiers") or {}
-        rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
-                     "accuracy": report["accuracy"], "encoder_alone_accuracy": report.get("encoder_alone_accuracy"),
-                     "refit_seconds": round(seconds, 1) if path == refit else None})
-    held = json.loads((args.work / "refit-report.json").read_text())
-    emit({"records": args.records, "rows": rows, "held_out_records": held},
-         str(args.out) if args.out else None,
+    rows, held = [], {}
+    for head in (True, False):
+        few = few_shot(args.work, head)
+        records = recorded(few, args.work, args.records, args.seed)
+        refit = few.with_suffix(".refit.yaml")
+        report = few.with_suffix(".refit.json")
+        seconds = run("fit", "--config", str(few), "--from-records", str(records), "--out", str(refit),
+                      "--report", str(report))
+        held[few.stem] = json.loads(report.read_text())
+        kind = "head" if head else "similarity"
+        for name, path in ((f"few-shot {kind}", few), (f"few-shot {kind}, refit on records", refit)):
+            measured = judged(path)
+            tiers = measured.get("tiers") or {}
+            rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
+                         "accuracy": measured["accuracy"],
+                         "encoder_alone_accuracy": measured.get("encoder_alone_accuracy"),
+                         "refit_seconds": round(seconds, 1) if path == refit else None})
+    emit({"records": args.records, "rows": rows, "held_out_records": held}, str(args.out) if args.out else None,
          ("config", "static_share", "accuracy", "encoder_alone_accuracy", "refit_seconds"))
 
 

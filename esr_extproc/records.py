@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import random
+import socket
 import sys
 import threading
 import time
@@ -40,7 +41,7 @@ class RecordsConfig:
     """The `records:` section."""
 
     enabled: bool = False
-    path: str = "-"  # a JSONL file, appended to; "-": standard output
+    path: str = "-"  # a JSONL file, appended to ("{host}" in it: this host's name); "-": standard output
     sample_ratio: float = 1.0  # the share of decisions recorded
     max_per_s: float = 1000.0  # at most this many a second (a token bucket a second deep)
     prompts: bool = False  # also the texts routed on: personal data, opt in
@@ -90,6 +91,8 @@ def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache:
 class DecisionRecorder:
     def __init__(self, config: RecordsConfig, draw=random.random, look_s: float = LOOK_S):
         self.config = config
+        # `{host}`: this host's name (a pod's), so the replicas sharing a volume write a file each.
+        self._path = config.path.replace("{host}", socket.gethostname())
         self._look_s = look_s
         self._random = draw
         self._tokens = config.max_per_s
@@ -157,8 +160,8 @@ class DecisionRecorder:
             if self.config.path == "-":
                 self._out = sys.stdout.buffer
             else:
-                self._out = open(self.config.path, "ab", buffering=0)
-                self._since = _first_time(self.config.path)
+                self._out = open(self._path, "ab", buffering=0)
+                self._since = _first_time(self._path)
                 self._next_look = time.monotonic() + self._look_s
         return self._out
 
@@ -168,7 +171,7 @@ class DecisionRecorder:
         every process of a pool writes to the new file within LOOK_S."""
         assert self._out is not None
         self._next_look = time.monotonic() + self._look_s
-        path, mine = self.config.path, os.fstat(self._out.fileno())
+        path, mine = self._path, os.fstat(self._out.fileno())
         try:
             there = os.stat(path)
         except FileNotFoundError:

@@ -4,8 +4,10 @@ dashboard against the metrics the router exports; the Dockerfile against the tre
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -27,7 +29,7 @@ from tests.support.deploy import K8S, K8S_VERSION, kustomize, tool
 # Every check here reads manifests the real kustomize renders.
 pytestmark = pytest.mark.processes
 
-@pytest.fixture(scope="module", params=["base", "overlays/cpu", "overlays/gpu", "overlays/node-model"])
+@pytest.fixture(scope="module", params=["base", "overlays/cpu", "overlays/gpu", "overlays/node-model", "overlays/refit"])
 def rendered(request):
     return request.param, kustomize(K8S / request.param)
 
@@ -245,3 +247,62 @@ def test_dockerfile_copies_only_what_exists_and_pins_match():
     dev = pins("requirements.lock")
     for lock in ("requirements-runtime.lock", "requirements-torch.lock"):
         assert {k: v for k, v in pins(lock).items() if dev.get(k) != v} == {}, lock
+
+
+def test_refit_overlay_seeds_a_live_config_that_records_texts_within_bounds(tmp_path):
+    from esr_config import load_config
+
+    refit = K8S / "overlays/refit"
+    assert "records" not in yaml.safe_load((K8S / "base/router.yaml").read_text())  # appended, never doubled
+    seeded = tmp_path / "router.yaml"
+    seeded.write_text((K8S / "base/router.yaml").read_text() + (refit / "records.yaml").read_text())
+    records = load_config(seeded).records
+    assert records.enabled and records.prompts and "{host}" in records.path
+    assert records.max_bytes and records.max_age_s <= 86400
+    kinds = by_kind(kustomize(refit))
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["seed-config", "router"]  # the config before the router
+    router = pod["initContainers"][1]
+    assert router["args"][-1] == "/var/lib/semantic-router/router.yaml"
+    job = kinds["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in job["volumes"] + pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {kinds["PersistentVolumeClaim"]["metadata"]["name"]}
+    assert kinds["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_the_refit_script_takes_the_records_gates_and_swaps_the_live_config(tmp_path):
+    """refit.sh as the CronJob runs it, on a directory standing for the volume."""
+    import json
+    import shutil
+    import sys
+    from tests.support.traffic import prompts
+
+    live = tmp_path / "live"
+    (live / "records").mkdir(parents=True)
+    shutil.copy(ROOT / "router.yaml", live / "router.yaml")
+    with open(live / "records" / "pod-a.jsonl", "w") as f:
+        for text in prompts(200, seed=3):
+            f.write(json.dumps({"time": 1.0, "route": "general", "model": "general-model", "reason": "matched",
+                                "confidence": 0.5, "facts": {"prompt_tokens": 8}, "texts": [text]}) + "\n")
+    env = {**os.environ, "LIVE": str(live), "MAX_CHANGED": "1.0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    script = K8S / "overlays/refit/refit.sh"
+    out = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "refit swapped in" in out.stdout
+    assert not list((live / "records").iterdir())  # taken
+    assert not list(live.glob("refit/*/*.jsonl*"))  # and the texts gone with the run
+    from esr_config import load_config
+
+    swapped = load_config(live / "router.yaml")  # the refit, loadable, its run's files beside it
+    assert (live / "router.yaml").read_text() != (ROOT / "router.yaml").read_text()
+    assert set(swapped.static_tier.accept) == {"math", "code"}
+    # A gate that refuses leaves the live config as it was.
+    before = (live / "router.yaml").read_text()
+    with open(live / "records" / "pod-a.jsonl", "w") as f:
+        for text in prompts(200, seed=4):
+            f.write(json.dumps({"time": 1.0, "route": "nowhere", "model": "x", "reason": "matched",
+                                "confidence": 0.5, "facts": {"prompt_tokens": 8}, "texts": [text]}) + "\n")
+    refused = subprocess.run(["sh", str(script)], env={**env, "MAX_CHANGED": "0.0"}, capture_output=True, text=True,
+                             timeout=600)
+    assert refused.returncode == 3 and "the replay gate refused" in refused.stdout
+    assert (live / "router.yaml").read_text() == before

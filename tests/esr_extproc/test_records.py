@@ -130,3 +130,12 @@ def test_a_bound_needs_a_file_and_a_bad_one_is_named():
         parse_config({**base, "records": {"enabled": True, "path": "-", "max_bytes": 1000}})
     with pytest.raises(ConfigError, match="records.max_age_s"):
         parse_config({**base, "records": {"enabled": True, "path": "x", "max_age_s": -1}})
+
+
+def test_host_in_the_path_gives_each_replica_a_file_of_its_own(tmp_path):
+    import socket
+
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(tmp_path / "{host}.jsonl")))
+    recorder.record({"n": 0})
+    recorder.close()
+    assert [r["n"] for r in _lines(tmp_path / f"{socket.gethostname()}.jsonl")] == [0]

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Takes the records, refits the static tier, gates the candidate by replay, swaps the live config.
+# Texts live no longer than one run: the taken files are deleted whatever the outcome.
+set -eu
+live="${LIVE:-/var/lib/semantic-router}"
+run="$live/refit/$(date +%s)"
+mkdir -p "$run"
+trap 'rm -f "$run"/*.jsonl' EXIT
+for f in "$live"/records/*.jsonl "$live"/records/*.jsonl.1; do
+  [ -e "$f" ] && mv "$f" "$run/"
+done
+ls "$run"/*.jsonl* >/dev/null 2>&1 || { echo "no records yet"; exit 0; }
+sleep 2  # each router follows its moved file within a second
+cat "$run"/*.jsonl* > "$run/records.jsonl"
+semantic-router fit --config "$live/router.yaml" --from-records "$run/records.jsonl" \
+  --out "$run/router.yaml" --report "$run/report.json"
+if ! semantic-router replay --config "$run/router.yaml" --records "$run/records.jsonl" \
+    --max-changed "${MAX_CHANGED:-0.01}"; then
+  rm -f "$run"/*.npz "$run/router.yaml"
+  echo "the replay gate refused the refit; the live config stays (figures: $run/report.json)"
+  exit 3
+fi
+cp "$run/router.yaml" "$live/router.yaml.new" && mv "$live/router.yaml.new" "$live/router.yaml"
+# The live config names this run's files (the static head and table); the runs before it go.
+for d in "$live"/refit/*/; do [ "${d%/}" = "$run" ] || rm -rf "$d"; done
+echo "refit swapped in: $run"
