@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test-duplex test-streamed run test test-fast check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study sgd guard clean
+.PHONY: test-duplex test-streamed run test test-fast check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study refit sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -165,6 +165,15 @@ clinc150: $(STAMP) $(MODELS)
 		--finetune --finetune-epochs $(or $(EPOCHS),4) --head --min-default-recall 0.9 --out build/clinc150.fitted.yaml
 	$(VENV)/bin/semantic-router eval --config build/clinc150.fitted.yaml --data $(CLINC)/val.jsonl \
 		--html build/clinc150.fitted.html
+
+# The static tier refitted on recorded traffic, then the replay gate (docs/refit-from-records.md):
+#   make refit RECORDS=decisions.jsonl [CONFIG=router.yaml] [OUT=build/refit.yaml] [MAX_CHANGED=0.01]
+refit: $(STAMP) $(MODELS)
+	@test -n "$(RECORDS)" || { echo "make refit RECORDS=<decision records with texts> [CONFIG=...]"; exit 2; }
+	$(VENV)/bin/semantic-router fit --config $(or $(CONFIG),router.yaml) --from-records $(RECORDS) \
+		--out $(or $(OUT),build/refit.yaml) --report $(basename $(or $(OUT),build/refit.yaml)).json
+	$(VENV)/bin/semantic-router replay --config $(or $(OUT),build/refit.yaml) --records $(RECORDS) \
+		--max-changed $(or $(MAX_CHANGED),0.01)
 
 # Few-shot: 10 utterances per intent, similarity, a plain fit tuned on val.
 clinc150-fewshot: $(STAMP) $(MODELS)

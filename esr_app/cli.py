@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "repeatable; labelled --data, when given, counts too and keeps its labels")
     ft.add_argument("--held-out", type=float, default=0.2, metavar="SHARE",
                     help="with --from-records: the share of records (by a hash of their texts) kept to judge the refit")
+    ft.add_argument("--max-disagreement", type=float, default=0.005, metavar="SHARE",
+                    help="with --from-records: the share of held-out records on which the cascade may decide "
+                    "otherwise than the encoder alone")
     ft.add_argument("--report", type=Path, metavar="JSON",
                     help="with --from-records: the held-out figures, before and after, as JSON")
     ft.set_defaults(func=_offline("cmd_fit"))

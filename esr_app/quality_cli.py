@@ -323,7 +323,7 @@ def cmd_fit_guard(args: argparse.Namespace, config: RouterConfig, requests) -> i
     return 0
 
 
-def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], labels, intents):
+def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], labels, intents, **head_tier):
     """The cascade's first tier fitted to the fitted encoder's decisions (esr_tuning/static_fit.py).
     -> the result with it in its config and notes, the StaticFit (its head, None: a similarity
     config's; its trained table rows), and the tier as the server would run it."""
@@ -335,7 +335,7 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
     encode = static.encode
     routed = routed_texts_of(result.config, texts)
     if result.config.classifier.method == "head":
-        fitted = fit_head_tier(result.config, classifier, embeddings, routed, labels, intents, static)
+        fitted = fit_head_tier(result.config, classifier, embeddings, routed, labels, intents, static, **head_tier)
         encode = (fitted.embedding or static).encode
     else:
         known = dict(zip(routed, embeddings))
@@ -346,7 +346,7 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
                 known.update(zip(missing, encoder.encode(missing)))
             return np.stack([known[t] for t in batch])
 
-        fitted = fit_similarity_tier(result.config, embed, encode, routed)
+        fitted = fit_similarity_tier(result.config, embed, encode, routed, head_tier.get("overall"))
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
     tier = StaticTier(fitted.config, encode, fitted.head)
     return result, fitted, tier
@@ -401,14 +401,14 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
     records_fit.py); the encoder and its thresholds stay as they are. Judged on held-out records."""
     from esr_tuning.evaluation import routed_texts_of
     from esr_tuning.fit import FitResult
-    from esr_tuning.records_fit import format_judged, held_out, judged, teaching
+    from esr_tuning.records_fit import STATIC_HIDDEN, format_judged, held_out, judged, route_distribution, teaching
     from esr_tuning.replay import read_records
 
     if not static_tier_on(config):
         print("--from-records refits the static tier: static_tier.enabled is off for this config", file=sys.stderr)
         return 2
-    if not 0.0 < args.held_out < 1.0:
-        print("--held-out must be between 0 and 1", file=sys.stderr)
+    if not 0.0 < args.held_out < 1.0 or not 0.0 <= args.max_disagreement < 1.0:
+        print("--held-out must be between 0 and 1, --max-disagreement at least 0 and below 1", file=sys.stderr)
         return 2
     records = []
     left_out: Counter = Counter()
@@ -430,8 +430,13 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
     taught = teaching(config, classifier, teach, vectors, labelled_texts)
     texts, labels = taught.texts + labelled_texts, taught.labels + (labelled.labels if labelled else [])
     embeddings = np.stack([vectors[t] for t in texts])
+    # A head config's static head learns the encoder's route distribution through a hidden layer,
+    # over the table as distilled: docs/refit-from-records.md has the figures that chose each.
+    tier_options: dict = {"overall": args.max_disagreement}
+    if config.classifier.method == "head":
+        tier_options |= dict(hidden=STATIC_HIDDEN, train_rows=False, teacher=route_distribution(classifier, embeddings))
     result, fitted, tier = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts,
-                                            labels, None)
+                                            labels, None, **tier_options)
     after = judged(result.config, classifier, tier, judge, vectors)
     write_config(_with_heads(result.config, args.out, None, fitted), args.out, leading_comments(args.config))
     print(f"records: {len(records)} replayable ({len(teach)} to learn from, {len(judge)} held out); "

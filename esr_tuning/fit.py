@@ -237,13 +237,24 @@ def head_split(config: RouterConfig, labels: list[str], intents: list[str] | Non
 
 
 def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
-                holdout: float, seed: int) -> tuple[LinearHead, np.ndarray, np.ndarray]:
+                holdout: float, seed: int, hidden: int = 0, teacher: np.ndarray | None = None
+                ) -> tuple[LinearHead, np.ndarray, np.ndarray]:
     """The head learns the routes (or their finer intents) from in-scope examples only; the
-    default route is whatever scores below threshold, so its examples serve to tune that."""
+    default route is whatever scores below threshold, so its examples serve to tune that.
+    `hidden`: ReLU units before the linear layer; `teacher`: (n, routes) each example's route
+    distribution by another classifier, learnt half and half with the labels (routes as classes only)."""
     fine = intents or labels
     train_idx, tune_idx = head_split(config, labels, intents, holdout, seed)
     route_of = {fine[i]: labels[i] for i in train_idx}
     classes = sorted({fine[i] for i in train_idx})
+    soft = None
+    if teacher is not None and intents is None:
+        names = [r.name for r in config.routes]
+        columns = [names.index(c) for c in classes]
+        picked = teacher[train_idx][:, columns]
+        onehot = np.eye(len(classes))[[classes.index(labels[i]) for i in train_idx]]
+        soft = 0.5 * onehot + 0.5 * picked / np.maximum(picked.sum(axis=1, keepdims=True), 1e-9)
     head = train_head(embeddings[train_idx], [fine[i] for i in train_idx], classes,
-                      routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed)
+                      routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed,
+                      hidden=hidden, soft=soft)
     return head, train_idx, tune_idx

@@ -25,6 +25,11 @@ from router.classifier import Decision, RouteClassifier
 from router.rules import Rules
 from router.static_tier import StaticTier
 
+# The static head's hidden units where it learns from records (a head config's). Few-shot CLINC150,
+# 8,000 records, the share of 2,000 held-out ones it could keep at 0.5% disagreement with the encoder
+# (its most confident first): linear 43%, 512 units 60%, 1,024 units 59%, two layers of 512 65% (3x the
+# training time); with the encoder's route distribution as a soft target (512 units: 56% without).
+STATIC_HIDDEN = 512
 # Reasons the classifier (either tier) decided: rules, a keyword and the rest are not the tier's to learn.
 CLASSIFIED = frozenset({"matched", "context", "default", "low_confidence"})
 
@@ -85,6 +90,23 @@ def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequenc
         labels.append(decision.route)
         counts["taught"] += 1
     return Taught(texts, labels, counts)
+
+
+def route_distribution(classifier: RouteClassifier, embeddings: np.ndarray) -> np.ndarray | None:
+    """(n, routes): the encoder head's probability of each route (its classes' summed), the teacher
+    a static head learns from besides the decision; None for a classifier without a head."""
+    head = classifier.head
+    if head is None:
+        return None
+    logits = head.logits(embeddings)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    names = [r.name for r in classifier.routes]
+    out = np.zeros((len(embeddings), len(names)), dtype=np.float32)
+    for column, route in enumerate(head.routes):
+        if route in names:
+            out[:, names.index(route)] += probs[:, column]
+    return out
 
 
 def judged(config: RouterConfig, classifier: RouteClassifier, static: StaticTier | None,

@@ -52,24 +52,29 @@ def cleared(config: RouterConfig) -> RouterConfig:
 
 def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, texts: list[str],
                   labels: list[str], intents: list[str] | None, static: StaticTable, holdout: float = 0.2,
-                  seed: int = 0) -> StaticFit:
+                  seed: int = 0, hidden: int = 0, teacher: np.ndarray | None = None, train_rows: bool = True,
+                  max_disagreement: float = MAX_DISAGREEMENT, overall: float | None = None) -> StaticFit:
     """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
-    a static head trained on the same split (`_train_head`), its margins set on the held-out rest
-    against `encoder`'s choices. `texts`: as routed; `static`: the distilled table's encoder."""
+    a static head trained on the same split (`_train_head`: `hidden` units, the `teacher`'s route
+    distribution), its margins set on the held-out rest against `encoder`'s choices. `texts`: as
+    routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled."""
     base = cleared(config)
     fine = intents or labels
     train_idx, _ = head_split(base, labels, intents, holdout, seed)
-    table, static = train_over(static, [texts[i] for i in train_idx], [fine[i] for i in train_idx], seed)
+    table = None
+    if train_rows:
+        table, static = train_over(static, [texts[i] for i in train_idx], [fine[i] for i in train_idx], seed)
     static_vectors = static.encode(texts)
-    head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed)
+    head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed, hidden, teacher)
     classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
-                                encoder.choose(encoder.scores(embeddings[held])), truth)
+                                encoder.choose(encoder.scores(embeddings[held])), truth, max_disagreement, overall)
     head = head.with_prototypes(static_vectors[train], [(intents or labels)[i] for i in train])
     fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static.encode, head), static_vectors[held],
                                        truth)
-    notes.append(f"static tier: {len(table.rows)} rows of its table trained on {len(train_idx)} examples")
+    if table is not None:
+        notes.append(f"static tier: {len(table.rows)} rows of its table trained on {len(train_idx)} examples")
     # Not retrained on the held-out part (table or head): see fit_conversation_tier.
     return StaticFit(fitted, head, notes + more, table, static)
 
@@ -100,7 +105,8 @@ def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vecto
     return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, min_similarity=cut)), [note]
 
 
-def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list[str]) -> StaticFit:
+def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list[str], overall: float | None = None
+                        ) -> StaticFit:
     """A similarity config's tier: each fold of the utterances scored by both tiers built on the
     other folds, and `texts` (traffic of any label, unlabelled will do) by both on all of them."""
     base = cleared(config)
@@ -120,18 +126,35 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
                   [u for r in base.routes for i, u in enumerate(r.utterances) if i % FOLDS == fold])
     score(base, list(texts))
     fitted, notes = fit_margins(base, static_classifier(base, static_encode),
-                                np.concatenate(static_scores), np.concatenate(choices))
+                                np.concatenate(static_scores), np.concatenate(choices), overall=overall)
     return StaticFit(fitted, None, notes)
 
 
+# The per-route rates fit_margins tries where it is given an overall budget instead (fit --from-records).
+RATES = (0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03)
+
+
 def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray, agree_with: np.ndarray,
-                truth: np.ndarray | None = None) -> tuple[RouterConfig, list[str]]:
+                truth: np.ndarray | None = None, max_disagreement: float = MAX_DISAGREEMENT,
+                overall: float | None = None) -> tuple[RouterConfig, list[str]]:
     """The tier's thresholds (with_thresholds), then each route's accept margin (accept_margins)
-    on the same held-out examples, each a request of one text."""
+    on the same held-out examples, each a request of one text. `overall`: instead of one rate per
+    route, the highest of RATES at which the decisions it keeps differ from the encoder's on at
+    most that share of all the held-out requests."""
     tuned = with_thresholds(config, classifier, scores, agree_with)
     thresholds = np.asarray([tuned.static_tier.thresholds[r.name] for r in config.routes], dtype=np.float32)
     choices = classifier.choose(scores, thresholds)
-    return accept_margins(tuned, choices, margins(classifier, scores, choices, thresholds), agree_with, truth)
+    lead = margins(classifier, scores, choices, thresholds)
+    if overall is None:
+        return accept_margins(tuned, choices, lead, agree_with, truth, max_disagreement)
+    chosen = None
+    for rate in RATES:
+        fitted, notes, differ = _accepted(tuned, choices, lead, agree_with, truth, rate)
+        if chosen is None or differ <= overall:
+            chosen = (fitted, notes + [f"static tier: {rate:.2%} of a route's kept decisions may differ from the "
+                                       f"encoder's, the most within {overall:.2%} of all"])
+    assert chosen is not None
+    return chosen
 
 
 def with_thresholds(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray,
@@ -150,6 +173,13 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
     and its lead, the encoder's choice. With `truth` (route indices), what a kept decision costs is
     accuracy, not agreement: a static mistake where the encoder is right costs 1, a static hit
     where the encoder is wrong gains 1."""
+    fitted, notes, _ = _accepted(config, choices, lead, agree_with, truth, max_disagreement)
+    return fitted, notes
+
+
+def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
+              truth: np.ndarray | None, max_disagreement: float) -> tuple[RouterConfig, list[str], float]:
+    """accept_margins, and the share of all the requests on which the decisions kept differ from the encoder's."""
     names = [r.name for r in config.routes]
     accept, kept = {}, np.zeros(len(choices), dtype=bool)
     weight = np.ones(len(choices)) if truth is None else _shifted_weights(truth)
@@ -170,7 +200,7 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
         f"{float((agree_with == truth).mean()):.4f}")
     notes = [f"static tier: decides {share:.1%} of {len(choices)} held-out requests, differing from the encoder "
              f"on {differ:.2%} of them all{lost} (margins per route: {_shown(accept)})"]
-    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes
+    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, differ
 
 
 def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static: StaticTable, dialogues,

@@ -144,8 +144,8 @@ def _scorer(config: RoutingConfig, encode: Encode, head: LinearHead | None) -> t
         if head is None and cc.head_path:
             head = LinearHead.load(cc.head_path)
             dimension = encode([next(u for g in groups for u in g)]).shape[1]
-            if head.weight.shape[1] != dimension:  # a head fitted on another encoder's embeddings
-                raise ValueError(f"classifier.head_path: the head takes {head.weight.shape[1]}-dimension embeddings; "
+            if head.dimension != dimension:  # a head fitted on another encoder's embeddings
+                raise ValueError(f"classifier.head_path: the head takes {head.dimension}-dimension embeddings; "
                                  f"the encoder gives {dimension}")
         if head is None:  # trained on the config's own utterances at load
             labels = [n for n, g in zip(names, groups) for _ in g]

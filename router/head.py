@@ -1,4 +1,5 @@
-"""A small linear classifier trained on prompt embeddings (torch, full-batch), saved as .npz."""
+"""A small classifier trained on prompt embeddings (torch, full-batch), saved as .npz: linear, or
+linear over one hidden ReLU layer (the static tier's head where fit learns from recorded traffic)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ class LinearHead:
     # (classes, dim): the unit mean of each class's training embeddings, where fit kept them: how
     # near a new embedding lies to anything the head was taught (the static tier's in-scope check).
     prototypes: np.ndarray | None = None
+    # (hidden, dim), (hidden,): a ReLU layer the linear layer reads instead of the embedding; None: none.
+    hidden_weight: np.ndarray | None = None
+    hidden_bias: np.ndarray | None = None
 
     def route_scores(self, embeddings: np.ndarray, route_names: list[str],
                      score: Literal["probability", "energy"] = "probability") -> np.ndarray:
@@ -32,22 +36,33 @@ class LinearHead:
     def grouped(self, route_names: Sequence[str]) -> "RouteGroups":
         return RouteGroups(self.routes, route_names)
 
+    @property
+    def dimension(self) -> int:
+        """The embedding width it reads."""
+        return int((self.hidden_weight if self.hidden_weight is not None else self.weight).shape[1])
+
     def logits(self, embeddings: np.ndarray) -> np.ndarray:
+        if self.hidden_weight is not None:
+            embeddings = np.maximum(embeddings @ self.hidden_weight.T + self.hidden_bias, 0.0)
         return embeddings @ self.weight.T + self.bias
 
     def save(self, path: str | Path) -> None:
         arrays = {"classes": np.asarray(self.classes), "routes": np.asarray(self.routes), "weight": self.weight,
                   "bias": self.bias}
-        if self.prototypes is not None:
-            arrays["prototypes"] = self.prototypes
+        for name in ("prototypes", "hidden_weight", "hidden_bias"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name)
         np.savez(path, **arrays)  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, path: str | Path) -> "LinearHead":
         with np.load(path, allow_pickle=False) as data:
-            prototypes = data["prototypes"].astype(np.float32) if "prototypes" in data.files else None
+            def optional(name: str) -> np.ndarray | None:
+                return data[name].astype(np.float32) if name in data.files else None
+
             return cls(tuple(str(c) for c in data["classes"]), tuple(str(r) for r in data["routes"]),
-                       data["weight"].astype(np.float32), data["bias"].astype(np.float32), prototypes)
+                       data["weight"].astype(np.float32), data["bias"].astype(np.float32), optional("prototypes"),
+                       optional("hidden_weight"), optional("hidden_bias"))
 
     def with_prototypes(self, embeddings: np.ndarray, labels: Sequence[str]) -> "LinearHead":
         """This head with its classes' prototypes taken from `embeddings` (unit rows, one class
@@ -93,9 +108,13 @@ def train_head(
     lr: float = 0.05,
     weight_decay: float = 1e-4,
     seed: int = 0,
+    hidden: int = 0,
+    soft: np.ndarray | None = None,
 ) -> LinearHead:
     """Multinomial logistic regression over `classes` (route of each: `routes`, default the
-    class itself); classes are weighted so a rare one is not ignored."""
+    class itself); classes are weighted so a rare one is not ignored. `hidden`: that many ReLU
+    units first (0: none). `soft`: (n, classes) target distributions learnt instead of the labels
+    (a teacher's, for distillation), the labels still weighting the classes."""
     import torch
 
     index = {c: i for i, c in enumerate(classes)}
@@ -104,18 +123,35 @@ def train_head(
     counts = torch.bincount(y, minlength=len(classes)).float().clamp(min=1)
     class_weight = counts.sum() / (len(classes) * counts)
     gen = torch.Generator().manual_seed(seed)
-    layer = torch.nn.Linear(x.shape[1], len(classes))
+    first = torch.nn.Linear(x.shape[1], hidden) if hidden else None
+    layer = torch.nn.Linear(hidden or x.shape[1], len(classes))
     with torch.no_grad():
-        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.01)
-        layer.bias.zero_()
-    opt = torch.optim.Adam(layer.parameters(), lr=lr, weight_decay=weight_decay)
-    loss_fn = torch.nn.CrossEntropyLoss(weight=class_weight)
+        for lin in (first, layer):
+            if lin is not None:
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * (lin.in_features ** -0.5 if hidden else 0.01))
+                lin.bias.zero_()
+    params = list(layer.parameters()) + (list(first.parameters()) if first is not None else [])
+    # A hidden layer learns at a fifth of a linear head's rate (0.05 overshoots it).
+    opt = torch.optim.Adam(params, lr=lr / 5 if hidden else lr, weight_decay=weight_decay)
+    target = torch.from_numpy(np.ascontiguousarray(soft, dtype=np.float32)) if soft is not None else None
+
+    def loss_of(logits):
+        if target is None:
+            return torch.nn.functional.cross_entropy(logits, y, weight=class_weight)
+        return -(class_weight[y] * (target * torch.log_softmax(logits, dim=1)).sum(dim=1)).mean()
+
     for _ in range(epochs):
         opt.zero_grad()
-        loss = loss_fn(layer(x), y)
+        loss = loss_of(layer(torch.relu(first(x)) if first is not None else x))
         loss.backward()
         opt.step()
-    return LinearHead(tuple(classes), tuple(routes or classes), layer.weight.detach().numpy().copy(), layer.bias.detach().numpy().copy())
+
+    def numpy(t) -> np.ndarray:
+        return t.detach().numpy().copy()
+
+    return LinearHead(tuple(classes), tuple(routes or classes), numpy(layer.weight), numpy(layer.bias),
+                      hidden_weight=numpy(first.weight) if first is not None else None,
+                      hidden_bias=numpy(first.bias) if first is not None else None)
 
 
 class HeadScorer:

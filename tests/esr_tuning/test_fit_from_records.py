@@ -56,6 +56,27 @@ def test_the_static_tier_learns_the_encoders_decisions_on_recorded_traffic_and_t
 
 
 @pytest.mark.processes
+def test_a_head_configs_static_head_learns_the_encoder_through_a_hidden_layer(data):
+    import numpy as np
+
+    head_config = data / "head.yaml"
+    assert cli("fit", "--config", str(data / "clinc.yaml"), "--data", str(data / "train.jsonl"), "--head",
+               "--out", str(head_config)).returncode == 0
+    texts = [json.loads(line)["text"] for line in (data / "val.jsonl").read_text().splitlines()]
+    records = data / "head-records.jsonl"
+    _records(records, texts * 3)  # repeated prompts teach once and never sit on both sides
+    refit, report = data / "head-refit.yaml", data / "head-refit.json"
+    out = cli("fit", "--config", str(head_config), "--from-records", str(records), "--out", str(refit),
+              "--report", str(report))
+    assert out.returncode == 0, out.stderr
+    assert "repeated" in out.stdout
+    figures = json.loads(report.read_text())
+    assert figures["after"]["agreement"] >= 1 - 0.005 - 0.02, figures  # the budget, and the held-out's noise
+    with np.load(load_config(refit).static_tier.head_path) as head:
+        assert head["hidden_weight"].shape[0] == 512
+
+
+@pytest.mark.processes
 def test_too_few_records_or_none_with_texts_is_a_clear_error(data, tmp_path):
     records = tmp_path / "records.jsonl"
     _records(records, ["what is my balance"] * 3)

@@ -187,3 +187,28 @@ def test_evaluate_reports_accuracy_at_a_shifted_default_share():
     r = evaluate(["math"] * 9 + ["general"], routed(["math"] * 9 + ["math"]), ["math", "general"], "general")
     assert r["accuracy"] == 0.9
     assert r["shifted"] == {"default_share": 0.2, "accuracy": 0.8}
+
+
+def test_a_head_with_a_hidden_layer_learns_what_a_linear_one_cannot_and_saves_whole(tmp_path):
+    from router.head import LinearHead, train_head
+
+    # XOR of two features: no linear head separates it; one hidden layer does.
+    rng = np.random.default_rng(0)
+    x = rng.choice([-1.0, 1.0], size=(400, 2)).astype(np.float32)
+    x += rng.normal(0, 0.1, size=x.shape).astype(np.float32)
+    labels = ["same" if a * b > 0 else "differ" for a, b in x]
+    linear = train_head(x, labels, ["differ", "same"])
+    hidden = train_head(x, labels, ["differ", "same"], hidden=16, epochs=400)
+    right = np.asarray([c == "same" for c in labels])
+    assert ((linear.logits(x).argmax(axis=1) == 1) == right).mean() < 0.8
+    assert ((hidden.logits(x).argmax(axis=1) == 1) == right).mean() > 0.95
+    assert hidden.dimension == 2 and hidden.hidden_weight.shape == (16, 2)
+    hidden.save(tmp_path / "h.npz")
+    loaded = LinearHead.load(tmp_path / "h.npz")
+    assert np.allclose(loaded.logits(x), hidden.logits(x), atol=1e-5)
+    # A soft target moves the head towards the teacher's distribution, not only the labels.
+    teacher = np.tile([[0.5, 0.5]], (len(x), 1))
+    soft = train_head(x, labels, ["differ", "same"], hidden=16, epochs=400, soft=teacher)
+    p = np.exp(soft.logits(x))
+    p /= p.sum(axis=1, keepdims=True)
+    assert np.abs(p - 0.5).max() < 0.2
