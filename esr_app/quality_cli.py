@@ -434,7 +434,8 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
     # over the table as distilled: docs/refit-from-records.md has the figures that chose each.
     tier_options: dict = {"overall": args.max_disagreement}
     if config.classifier.method == "head":
-        tier_options |= dict(hidden=STATIC_HIDDEN, train_rows=False, teacher=route_distribution(classifier, embeddings))
+        tier_options |= dict(hidden=STATIC_HIDDEN, train_rows=False, teacher=route_distribution(classifier, embeddings),
+                             weigh_by_teacher=True)
     result, fitted, tier = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts,
                                             labels, None, **tier_options)
     after = judged(result.config, classifier, tier, judge, vectors)

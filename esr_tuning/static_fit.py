@@ -53,11 +53,13 @@ def cleared(config: RouterConfig) -> RouterConfig:
 def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, texts: list[str],
                   labels: list[str], intents: list[str] | None, static: StaticTable, holdout: float = 0.2,
                   seed: int = 0, hidden: int = 0, teacher: np.ndarray | None = None, train_rows: bool = True,
-                  max_disagreement: float = MAX_DISAGREEMENT, overall: float | None = None) -> StaticFit:
+                  max_disagreement: float = MAX_DISAGREEMENT, overall: float | None = None,
+                  weigh_by_teacher: bool = False) -> StaticFit:
     """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
     a static head trained on the same split (`_train_head`: `hidden` units, the `teacher`'s route
     distribution), its margins set on the held-out rest against `encoder`'s choices. `texts`: as
-    routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled."""
+    routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled;
+    `overall`, `weigh_by_teacher`: how the margins are set (fit_margins, with the teacher's weights)."""
     base = cleared(config)
     fine = intents or labels
     train_idx, _ = head_split(base, labels, intents, holdout, seed)
@@ -69,7 +71,8 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
-                                encoder.choose(encoder.scores(embeddings[held])), truth, max_disagreement, overall)
+                                encoder.choose(encoder.scores(embeddings[held])), truth, max_disagreement, overall,
+                                teacher[held] if teacher is not None and weigh_by_teacher else None)
     head = head.with_prototypes(static_vectors[train], [(intents or labels)[i] for i in train])
     fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static.encode, head), static_vectors[held],
                                        truth)
@@ -131,26 +134,27 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
 
 
 # The per-route rates fit_margins tries where it is given an overall budget instead (fit --from-records).
-RATES = (0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03)
+RATES = (0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1)
 
 
 def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray, agree_with: np.ndarray,
                 truth: np.ndarray | None = None, max_disagreement: float = MAX_DISAGREEMENT,
-                overall: float | None = None) -> tuple[RouterConfig, list[str]]:
+                overall: float | None = None, teacher: np.ndarray | None = None) -> tuple[RouterConfig, list[str]]:
     """The tier's thresholds (with_thresholds), then each route's accept margin (accept_margins)
     on the same held-out examples, each a request of one text. `overall`: instead of one rate per
-    route, the highest of RATES at which the decisions it keeps differ from the encoder's on at
-    most that share of all the held-out requests."""
+    route, the highest of RATES at which the decisions it keeps are expected to lose at most that
+    share of all the held-out requests' accuracy (disagreements, or as `teacher` weighs them: _accepted)."""
     tuned = with_thresholds(config, classifier, scores, agree_with)
     thresholds = np.asarray([tuned.static_tier.thresholds[r.name] for r in config.routes], dtype=np.float32)
     choices = classifier.choose(scores, thresholds)
     lead = margins(classifier, scores, choices, thresholds)
     if overall is None:
-        return accept_margins(tuned, choices, lead, agree_with, truth, max_disagreement)
+        fitted, notes, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
+        return fitted, notes
     chosen = None
     for rate in RATES:
-        fitted, notes, differ = _accepted(tuned, choices, lead, agree_with, truth, rate)
-        if chosen is None or differ <= overall:
+        fitted, notes, lost = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
+        if chosen is None or lost <= overall:
             chosen = (fitted, notes + [f"static tier: {rate:.2%} of a route's kept decisions may differ from the "
                                        f"encoder's, the most within {overall:.2%} of all"])
     assert chosen is not None
@@ -178,21 +182,33 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
 
 
 def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
-              truth: np.ndarray | None, max_disagreement: float) -> tuple[RouterConfig, list[str], float]:
-    """accept_margins, and the share of all the requests on which the decisions kept differ from the encoder's."""
+              truth: np.ndarray | None, max_disagreement: float, teacher: np.ndarray | None = None
+              ) -> tuple[RouterConfig, list[str], float]:
+    """accept_margins, and the accuracy the decisions kept are expected to lose, as a share of all
+    the requests. `teacher`: (n, routes) the encoder's probability of each route, where no label
+    says which is right: a kept decision that differs from the encoder's then costs what the
+    encoder's choice is more likely than the static tier's (1 where the encoder chose the default
+    route, which it gives no probability), not 1."""
     names = [r.name for r in config.routes]
     accept, kept = {}, np.zeros(len(choices), dtype=bool)
     weight = np.ones(len(choices)) if truth is None else _shifted_weights(truth)
+    costs = np.zeros(len(choices))
     for index, name in enumerate(names):  # the default route is the encoder's (router/static_tier.py)
         mine = np.flatnonzero(choices == index)
-        if truth is None:
+        if teacher is not None:
+            theirs = agree_with[mine]
+            likelier = teacher[mine, np.maximum(theirs, 0)] - teacher[mine, index]
+            cost = weight[mine] * np.where(theirs == index, 0.0, np.where(theirs < 0, 1.0, np.maximum(likelier, 0.0)))
+        elif truth is None:
             cost = (choices[mine] != agree_with[mine]).astype(np.float64)
         else:
             cost = weight[mine] * ((choices[mine] != truth[mine]).astype(np.float64)
                                    - (agree_with[mine] != truth[mine]).astype(np.float64))
+        costs[mine] = cost
         level = _accept_level(lead[mine], cost, max_disagreement)
         accept[name] = max(0.0, math.ceil(level * 1e4) / 1e4) if math.isfinite(level) else NEVER
         kept[mine[lead[mine] >= level]] = True
+    loss = float(costs[kept].sum() / len(kept)) if len(kept) else 0.0
     share = float(kept.mean()) if len(kept) else 0.0
     differ = float((kept & (choices != agree_with)).mean()) if len(kept) else 0.0
     lost = "" if truth is None else (
@@ -200,7 +216,7 @@ def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree
         f"{float((agree_with == truth).mean()):.4f}")
     notes = [f"static tier: decides {share:.1%} of {len(choices)} held-out requests, differing from the encoder "
              f"on {differ:.2%} of them all{lost} (margins per route: {_shown(accept)})"]
-    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, differ
+    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, loss
 
 
 def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static: StaticTable, dialogues,
