@@ -5,7 +5,7 @@ Shapes: OpenAI chat completions (string content or content parts), legacy comple
 string or list), the Responses API (`input` string or items, `instructions`), Anthropic Messages
 (`messages` plus top-level `system`). A user turn is the text the user wrote: the text parts of a
 `user` message, less the blocks an agent harness adds (`requests.harness_tags`); tool calls, tool
-results, images and every other role are not read (docs/routing.md says what is read where). The
+results, images and every other role are not read (docs/conversations.md says what is read where). The
 body comes decoded (a dict, or the Envoy room's lazy object): nothing here knows JSON or transport.
 """
 

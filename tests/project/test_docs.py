@@ -91,3 +91,32 @@ def test_every_docs_page_is_reachable_from_the_readme():
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in re.findall(r"\]\((docs/[^)\s]+)\)", readme)}
     pages = {p.resolve() for p in (ROOT / "docs").glob("*.md")} | {(ROOT / "docs/gateways/README.md").resolve()}
     assert not pages - linked, sorted(str(p.relative_to(ROOT)) for p in pages - linked)
+
+
+# Where code, manifests and config comments point a reader at the docs.
+REFERRING = ("*.py", "*.yaml", "*.yml", "*.sh", "*.toml", "*.json", "Makefile", "Dockerfile")
+NOT_OURS = ("build", ".venv", "node_modules", ".git")
+
+
+def _referring_files() -> list[Path]:
+    found = []
+    for pattern in REFERRING:
+        for path in ROOT.rglob(pattern):
+            rel = path.relative_to(ROOT)
+            if not rel.parts[0].startswith(NOT_OURS) and "egg-info" not in rel.parts[0] and path.is_file():
+                found.append(path)
+    return sorted(set(found))
+
+
+def test_every_docs_reference_in_the_tree_resolves():
+    broken = []
+    for path in _referring_files():
+        for target in re.findall(r"(?<![\w/])docs/[A-Za-z0-9_./-]*[A-Za-z0-9_/](?:#[A-Za-z0-9_-]+)?",
+                                 path.read_text(errors="replace")):
+            page, _, anchor = target.partition("#")
+            file = ROOT / page
+            if not file.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, f"references to docs that do not exist: {broken}"
