@@ -414,21 +414,26 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
     left_out: Counter = Counter()
     for path in args.from_records:
         with _data_errors(OSError, ValueError):
-            found, skipped = read_records(path)
+            found, skipped = read_records(path, lenient=True)
         records += found
         left_out += skipped
-    teach, judge = held_out(records, args.held_out)
+    labelled = _labelled(config, args.data) if args.data else None
+    labelled_texts = routed_texts_of(config, labelled.texts) if labelled else []
+    teach, judge = held_out(records, args.held_out, labelled_texts)
     if len(teach) < 50 or len(judge) < 20:
         print(f"--from-records: {len(records)} replayable records ({len(teach)} to learn from, {len(judge)} held out); "
               "at least 50 and 20 are needed (records.prompts must be on)", file=sys.stderr)
         return 2
-    labelled = _labelled(config, args.data) if args.data else None
-    labelled_texts = routed_texts_of(config, labelled.texts) if labelled else []
     encoder, classifier = offline(config)
     vectors = text_vectors(encoder, list(dict.fromkeys([t for r in records for t in r.texts] + labelled_texts)))
     before = judged(config, classifier, static_tier(config), judge, vectors)
     taught = teaching(config, classifier, teach, vectors, labelled_texts)
     texts, labels = taught.texts + labelled_texts, taught.labels + (labelled.labels if labelled else [])
+    if len({label for label in labels if label != config.default_route.name}) < 2:
+        print(f"--from-records: the records teach {len(taught.texts)} examples of "
+              f"{len(set(taught.labels))} route(s) ({dict(taught.counts)}); the static tier needs two routes or more",
+              file=sys.stderr)
+        return 2
     embeddings = np.stack([vectors[t] for t in texts])
     # A head config's static head learns the encoder's route distribution through a hidden layer,
     # over the table as distilled: docs/refit-from-records.md has the figures that chose each.

@@ -9,6 +9,7 @@ written by a thread of their own: a slow disk costs records (counted), never a r
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -137,7 +138,12 @@ class DecisionRecorder:
 
     def _write(self) -> None:
         while True:
-            line = self._queue.get()
+            try:
+                # An idle writer still looks at its file: a bound by age holds without traffic.
+                line = self._queue.get(timeout=max(self._look_s, 0.05))
+            except queue.Empty:
+                self._keep_bounds()
+                continue
             if line is None:
                 break
             try:
@@ -150,8 +156,8 @@ class DecisionRecorder:
             except Exception as exc:  # one record lost, never the writer
                 WRITTEN.labels("error").inc()
                 log.warning("decision record not written", extra={"error": type(exc).__name__})
-        if self._out is not None and self._out is not sys.stdout.buffer:
-            self._out.close()
+                self._drop()  # the next record opens the file afresh (a stale handle on NFS, say)
+        self._drop()
 
     def _open(self) -> BinaryIO:
         if self._out is not None and self.config.path != "-" and time.monotonic() >= self._next_look:
@@ -160,36 +166,65 @@ class DecisionRecorder:
             if self.config.path == "-":
                 self._out = sys.stdout.buffer
             else:
-                self._out = open(self._path, "ab", buffering=0)
+                # Owner and group only: the texts are personal data.
+                self._out = os.fdopen(os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640), "ab",
+                                      buffering=0)
                 self._since = _first_time(self._path)
                 self._next_look = time.monotonic() + self._look_s
         return self._out
 
+    def _keep_bounds(self) -> None:
+        if self._out is not None and self.config.path != "-" and time.monotonic() >= self._next_look:
+            try:
+                self._look()
+            except OSError as exc:
+                log.warning("decision records not rotated", extra={"error": type(exc).__name__})
+                self._drop()
+
     def _look(self) -> None:
         """Reopens the file when another process (or the refit job) moved it away, and moves it to
-        `.1` itself when it is past its size or age: `mv` is how a file is taken for a refit, and
-        every process of a pool writes to the new file within LOOK_S."""
+        `.1` itself when it is past its size or age (under a lock the processes of a pool share, so
+        two never move one file twice): `mv` is how a file is taken for a refit, and every process
+        writes to the new file within LOOK_S. A `.1` older than `max_age_s` is deleted."""
         assert self._out is not None
         self._next_look = time.monotonic() + self._look_s
-        path, mine = self._path, os.fstat(self._out.fileno())
         try:
-            there = os.stat(path)
-        except FileNotFoundError:
-            there = None
-        if there is None or there.st_ino != mine.st_ino:
-            self._reopen()
+            mine = os.fstat(self._out.fileno())
+            there = os.stat(self._path)
+        except OSError:  # moved away, or a handle gone stale: a new file
+            self._drop()
             return
-        old = self.config.max_age_s and self._since is not None and time.time() - self._since >= self.config.max_age_s
+        if (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev):
+            self._drop()
+            return
+        bound = self.config.max_age_s
+        old = bound and self._since is not None and time.time() - self._since >= bound
         if (self.config.max_bytes and there.st_size >= self.config.max_bytes) or old:
-            os.replace(path, path + ".1")
-            WRITTEN.labels("rotated").inc()
-            self._reopen()
+            with open(self._path + ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    now = os.stat(self._path)
+                except FileNotFoundError:
+                    now = None
+                if now is not None and (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+                    os.replace(self._path, self._path + ".1")
+                    WRITTEN.labels("rotated").inc()
+            self._drop()
+        elif bound:
+            try:
+                if time.time() - os.stat(self._path + ".1").st_mtime >= bound:
+                    os.unlink(self._path + ".1")
+            except FileNotFoundError:
+                pass
 
-    def _reopen(self) -> None:
-        assert self._out is not None
-        self._out.close()
+    def _drop(self) -> None:
+        """Closes the file; the next record opens the one at the path."""
+        if self._out is not None and self._out is not sys.stdout.buffer:
+            try:
+                self._out.close()
+            except OSError:
+                pass
         self._out = None
-        self._open()
 
 
 def _first_time(path: str) -> float | None:

@@ -41,14 +41,21 @@ class Taught:
     counts: Counter  # records taught, and why the others were not
 
 
-def held_out(records: Sequence[Recorded], share: float) -> tuple[list[Recorded], list[Recorded]]:
-    """(records to teach, records to judge by): a record's side is fixed by a hash of its texts, so a
-    later refit on a grown file judges by the same records it judged by before, and a repeated prompt
-    never sits on both sides."""
+def held_out(records: Sequence[Recorded], share: float, labelled: Sequence[str] = ()
+             ) -> tuple[list[Recorded], list[Recorded]]:
+    """(records to teach, records to judge by): a record's side is fixed by a hash of its newest text
+    (the one it teaches), so a later refit on a grown file judges by the same records it judged by
+    before, and a prompt never sits on both sides, alone or as a conversation's turn. A record of a
+    `labelled` text is never judged by: the fit learnt it."""
+    known = set(labelled)
     teach: list[Recorded] = []
     judge: list[Recorded] = []
     for r in records:
-        digest = hashlib.blake2b("\x1f".join(r.texts).encode("utf-8", "replace"), digest_size=8).digest()
+        newest = r.texts[-1] if r.texts else ""
+        if newest in known:
+            teach.append(r)
+            continue
+        digest = hashlib.blake2b(newest.encode("utf-8", "replace"), digest_size=8).digest()
         (judge if int.from_bytes(digest, "big") / 2**64 < share else teach).append(r)
     return teach, judge
 

@@ -41,8 +41,10 @@ class Recorded:
     trace_id: str | None = None
 
 
-def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
-    """The replayable records of a decision-record file, and why the others are left out."""
+def read_records(path: str | Path, lenient: bool = False) -> tuple[list[Recorded], Counter]:
+    """The replayable records of a decision-record file, and why the others are left out.
+    `lenient`: a line that is not a record (cut short by a full disk, say) is counted `malformed`
+    and skipped, not an error (a refit learns from what is there; a gate refuses)."""
     out: list[Recorded] = []
     left_out: Counter = Counter()
     with open(path, encoding="utf-8") as f:
@@ -67,6 +69,9 @@ def read_records(path: str | Path) -> tuple[list[Recorded], Counter]:
                                         str(row["route"]), str(row["model"]), reason, float(row["confidence"]),
                                         n, row.get("trace_id") if isinstance(row.get("trace_id"), str) else None))
             except (ValueError, KeyError, TypeError) as exc:
+                if lenient:
+                    left_out["malformed"] += 1
+                    continue
                 raise BadRecord(f"{path}:{n}: not a decision record ({type(exc).__name__}: {exc})") from None
     return out, left_out
 

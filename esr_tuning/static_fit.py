@@ -151,13 +151,14 @@ def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.nd
     if overall is None:
         fitted, notes, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
         return fitted, notes
-    chosen = None
+    chosen = (dataclasses.replace(tuned, static_tier=dataclasses.replace(
+        tuned.static_tier, accept={r.name: NEVER for r in config.routes})),
+        [f"static tier: no rate keeps its decisions within {overall:.2%} of all: the encoder decides every prompt"])
     for rate in RATES:
         fitted, notes, lost = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
-        if chosen is None or lost <= overall:
+        if lost <= overall:
             chosen = (fitted, notes + [f"static tier: {rate:.2%} of a route's kept decisions may differ from the "
                                        f"encoder's, the most within {overall:.2%} of all"])
-    assert chosen is not None
     return chosen
 
 

@@ -280,17 +280,26 @@ def test_the_refit_script_takes_the_records_gates_and_swaps_the_live_config(tmp_
     live = tmp_path / "live"
     (live / "records").mkdir(parents=True)
     shutil.copy(ROOT / "router.yaml", live / "router.yaml")
-    with open(live / "records" / "pod-a.jsonl", "w") as f:
-        for text in prompts(200, seed=3):
-            f.write(json.dumps({"time": 1.0, "route": "general", "model": "general-model", "reason": "matched",
-                                "confidence": 0.5, "facts": {"prompt_tokens": 8}, "texts": [text]}) + "\n")
+    def write(path, texts, route="general", last_newline=True):
+        lines = [json.dumps({"time": 1.0, "route": route, "model": "general-model", "reason": "matched",
+                             "confidence": 0.5, "facts": {"prompt_tokens": 8}, "texts": [t]}) for t in texts]
+        path.write_text("\n".join(lines) + ("\n" if last_newline else ""))
+
+    texts = prompts(300, seed=3)
+    # Two replicas' files, one rotated (.1) and one cut without its last newline; a killed run's leftovers.
+    write(live / "records" / "pod-a.jsonl", texts[:100], last_newline=False)
+    write(live / "records" / "pod-a.jsonl.1", texts[100:200])
+    write(live / "records" / "pod-b.jsonl", texts[200:])
+    (live / "refit" / "run.killed").mkdir(parents=True)
+    write(live / "refit" / "run.killed" / "records.jsonl.all", texts[:5])
     env = {**os.environ, "LIVE": str(live), "MAX_CHANGED": "1.0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     script = K8S / "overlays/refit/refit.sh"
     out = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "refit swapped in" in out.stdout
-    assert not list((live / "records").iterdir())  # taken
-    assert not list(live.glob("refit/*/*.jsonl*"))  # and the texts gone with the run
+    assert not list((live / "records").iterdir())  # taken, the rotated file too
+    assert not list(live.glob("refit/*/*.jsonl*"))  # and the texts gone with the run, and the killed run's
+    assert "records: 300 replayable" in out.stdout  # every file read, no line lost to a missing newline
     from esr_config import load_config
 
     swapped = load_config(live / "router.yaml")  # the refit, loadable, its run's files beside it
@@ -298,11 +307,9 @@ def test_the_refit_script_takes_the_records_gates_and_swaps_the_live_config(tmp_
     assert set(swapped.static_tier.accept) == {"math", "code"}
     # A gate that refuses leaves the live config as it was.
     before = (live / "router.yaml").read_text()
-    with open(live / "records" / "pod-a.jsonl", "w") as f:
-        for text in prompts(200, seed=4):
-            f.write(json.dumps({"time": 1.0, "route": "nowhere", "model": "x", "reason": "matched",
-                                "confidence": 0.5, "facts": {"prompt_tokens": 8}, "texts": [text]}) + "\n")
+    write(live / "records" / "pod-a.jsonl", prompts(200, seed=4), route="nowhere")
     refused = subprocess.run(["sh", str(script)], env={**env, "MAX_CHANGED": "0.0"}, capture_output=True, text=True,
                              timeout=600)
     assert refused.returncode == 3 and "the replay gate refused" in refused.stdout
     assert (live / "router.yaml").read_text() == before
+    assert not list(live.glob("refit/*/*.jsonl*"))  # refused, and the texts gone all the same

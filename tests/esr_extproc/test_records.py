@@ -87,7 +87,9 @@ def test_a_file_past_its_size_is_moved_to_dot_one_and_at_most_two_files_are_kept
     current, before = _lines(path), _lines(tmp_path / "records.jsonl.1")
     assert path.stat().st_size < 400 + 200 and (tmp_path / "records.jsonl.1").stat().st_size >= 400
     assert current[-1]["n"] == 29 and [r["n"] for r in before + current] == list(range(before[0]["n"], 30))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "records.jsonl.1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "records.jsonl.1", "records.jsonl.lock"]
+    assert (tmp_path / "records.jsonl.lock").stat().st_size == 0  # the pool's rotation lock holds no record
+    assert path.stat().st_mode & 0o777 == 0o640  # the texts: owner and group only
 
 
 def test_a_file_taken_away_for_a_refit_is_followed_by_a_new_one(tmp_path):
@@ -139,3 +141,38 @@ def test_host_in_the_path_gives_each_replica_a_file_of_its_own(tmp_path):
     recorder.record({"n": 0})
     recorder.close()
     assert [r["n"] for r in _lines(tmp_path / f"{socket.gethostname()}.jsonl")] == [0]
+
+
+def test_an_idle_writer_still_moves_an_old_file_and_deletes_an_older_one(tmp_path):
+    import os
+    import time
+
+    path = tmp_path / "records.jsonl"
+    older = tmp_path / "records.jsonl.1"
+    older.write_text(json.dumps({"time": time.time() - 100, "n": -2}) + "\n")
+    os.utime(older, (time.time() - 100, time.time() - 100))
+    path.write_text(json.dumps({"time": time.time() - 100, "n": -1}) + "\n")
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path), max_age_s=50), look_s=0.05)
+    recorder.record({"n": 0})  # opens the file; then no traffic at all
+    deadline = time.monotonic() + 5
+    while path.exists() or not older.exists() or [r["n"] for r in _lines(older)] != [-1, 0]:
+        assert time.monotonic() < deadline, "an idle writer kept a file past its age"
+        time.sleep(0.02)
+    recorder.close()
+
+
+def test_a_moved_file_older_than_the_bound_is_deleted(tmp_path):
+    import os
+    import time
+
+    path, older = tmp_path / "records.jsonl", tmp_path / "records.jsonl.1"
+    older.write_text(json.dumps({"time": time.time() - 100, "n": -1}) + "\n")
+    os.utime(older, (time.time() - 100, time.time() - 100))
+    recorder = DecisionRecorder(RecordsConfig(enabled=True, path=str(path), max_age_s=50), look_s=0.05)
+    recorder.record({"n": 0})
+    deadline = time.monotonic() + 5
+    while older.exists():
+        assert time.monotonic() < deadline, "a .1 past the age bound was kept"
+        time.sleep(0.02)
+    recorder.close()
+    assert [r["n"] for r in _lines(path)] == [0]

@@ -35,11 +35,14 @@ def test_the_static_tier_learns_the_encoders_decisions_on_recorded_traffic_and_t
     texts = [json.loads(line)["text"] for line in (data / "train.jsonl").read_text().splitlines()]
     records = data / "records.jsonl"
     _records(records, texts)
+    with open(records, "a") as f:
+        f.write('{"route": "banking", "reason": "matched", "texts": ["cut sh\n')  # a disk that filled mid-line
     refit, report = data / "refit.yaml", data / "refit.json"
     out = cli("fit", "--config", str(data / "clinc.yaml"), "--from-records", str(records), "--out", str(refit),
               "--report", str(report))
     assert out.returncode == 0, out.stderr
     assert "held-out records" in out.stdout and "static share" in out.stdout
+    assert "malformed 1" in out.stdout  # counted and skipped: the refit learns from what is there
     figures = json.loads(report.read_text())
     after = figures["after"]
     # Every record said "banking"; the tier learnt what the encoder decides, so it agrees with it.
@@ -96,6 +99,11 @@ def test_the_held_out_side_of_a_record_is_fixed_by_its_texts():
     teach2, judge2 = held_out(first + [rec(f"prompt {i}") for i in range(1000, 1500)] + first[:100], 0.2)
     assert {r.texts for r in judge} <= {r.texts for r in judge2}
     assert not {r.texts for r in teach2} & {r.texts for r in judge2}
+    # A prompt sent alone and as a conversation's newest turn sits on one side; a labelled one is never judged.
+    alone, turn = rec("prompt 7"), Recorded(("hello", "prompt 7"), RequestFacts(1), "r", "m", "context", 0.9)
+    sides = held_out([alone, turn], 0.5)
+    assert sorted(len(side) for side in sides) == [0, 2]
+    assert held_out([rec(f"prompt {i}") for i in range(100)], 1.0, labelled=["prompt 3"])[0] == [rec("prompt 3")]
 
 
 def test_records_are_read_with_their_lines(tmp_path):
