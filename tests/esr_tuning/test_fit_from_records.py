@@ -35,11 +35,11 @@ def test_the_static_tier_learns_the_encoders_decisions_on_recorded_traffic_and_t
     texts = [json.loads(line)["text"] for line in (data / "train.jsonl").read_text().splitlines()]
     records = data / "records.jsonl"
     _records(records, texts)
-    with open(records, "a") as f:
-        f.write('{"route": "banking", "reason": "matched", "texts": ["cut sh\n')  # a disk that filled mid-line
+    cut = data / "cut.jsonl"  # another replica's file, cut short by a disk that filled mid-line
+    cut.write_text('{"route": "banking", "reason": "matched", "texts": ["cut sh\n')
     refit, report = data / "refit.yaml", data / "refit.json"
-    out = cli("fit", "--config", str(data / "clinc.yaml"), "--from-records", str(records), "--out", str(refit),
-              "--report", str(report))
+    out = cli("fit", "--config", str(data / "clinc.yaml"), "--from-records", str(records), "--from-records", str(cut),
+              "--out", str(refit), "--report", str(report))
     assert out.returncode == 0, out.stderr
     assert "held-out records" in out.stdout and "static share" in out.stdout
     assert "malformed 1" in out.stdout  # counted and skipped: the refit learns from what is there
