@@ -475,8 +475,8 @@ end
 
 
 # The largest body Envoy reads the `model` of itself, in decimal digits of its content-length (< 100 kB).
-# Envoy's JSON parser builds a tree of the whole body on its worker thread: ~330 ns a value, 0.3 s of
-# CPU for a 1.8 MB array of numbers, in which time every other request on that worker waits.
+# Envoy's JSON parser builds a tree of the whole body on its worker thread, and every other request on
+# that worker waits meanwhile (docs/benchmarks.md, "A dozen bodies of numbers").
 PINNED_READ_DIGITS = 5
 
 

@@ -160,8 +160,7 @@ class DecisionRecorder:
         self._drop()
 
     def _open(self) -> BinaryIO:
-        if self._out is not None and self.config.path != "-" and time.monotonic() >= self._next_look:
-            self._look()
+        self._keep_bounds()
         if self._out is None:
             if self.config.path == "-":
                 self._out = sys.stdout.buffer

@@ -18,17 +18,13 @@ from typing import Sequence
 import numpy as np
 
 from esr_config import RouterConfig
-from esr_tuning.conversations import decide_routed
-from esr_tuning.replay import Recorded
-from router.capabilities import ModelChoice
-from router.classifier import Decision, RouteClassifier
-from router.rules import Rules
+from esr_tuning.replay import Recorded, replay
+from router.classifier import RouteClassifier
 from router.static_tier import StaticTier
 
-# The static head's hidden units where it learns from records (a head config's). Few-shot CLINC150,
-# 8,000 records, the share of 2,000 held-out ones it could keep at 0.5% disagreement with the encoder
-# (its most confident first): linear 43%, 512 units 60%, 1,024 units 59%, two layers of 512 65% (3x the
-# training time); with the encoder's route distribution as a soft target (512 units: 56% without).
+# The static head's hidden units where it learns from records (a head config's): a linear head over the
+# static embedding follows a few-shot encoder's decisions too loosely, a deeper one trains too long for a
+# nightly refit (docs/benchmarks.md, "The static tier refitted on records").
 STATIC_HIDDEN = 512
 # Reasons the classifier (either tier) decided: rules, a keyword and the rest are not the tier's to learn.
 CLASSIFIED = frozenset({"matched", "context", "default", "low_confidence"})
@@ -60,13 +56,6 @@ def held_out(records: Sequence[Recorded], share: float, labelled: Sequence[str] 
     return teach, judge
 
 
-def encoder_decisions(config: RouterConfig, classifier: RouteClassifier, records: Sequence[Recorded],
-                      vectors: dict[str, np.ndarray]) -> list[Decision]:
-    """Each record's decision by the config's encoder alone, as the server would make it."""
-    rules, models = Rules(config), ModelChoice(config)
-    return [decide_routed(config, rules, models, classifier, None, r.texts, r.facts, vectors) for r in records]
-
-
 def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequence[Recorded],
              vectors: dict[str, np.ndarray], labelled: Sequence[str] = ()) -> Taught:
     """The examples `records` give the static tier; `labelled`: texts a team labelled, whose label
@@ -76,7 +65,7 @@ def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequenc
     labels: list[str] = []
     counts: Counter = Counter()
     seen: set[str] = set()
-    for record, decision in zip(records, encoder_decisions(config, classifier, records, vectors)):
+    for record, decision in zip(records, replay(config, classifier, None, records, vectors)):
         if record.reason not in CLASSIFIED or decision.reason not in CLASSIFIED or not record.texts:
             counts["decided_by_rules"] += 1
             continue
@@ -120,10 +109,9 @@ def judged(config: RouterConfig, classifier: RouteClassifier, static: StaticTier
            records: Sequence[Recorded], vectors: dict[str, np.ndarray]) -> dict:
     """On records the refit did not learn from: the share of the classifier's decisions the static
     tier takes, and per route how often the cascade's decision is the encoder's alone."""
-    rules, models = Rules(config), ModelChoice(config)
     mine = [r for r in records if r.reason in CLASSIFIED and r.texts]
-    alone = encoder_decisions(config, classifier, mine, vectors)
-    cascade = [decide_routed(config, rules, models, classifier, static, r.texts, r.facts, vectors) for r in mine]
+    alone = replay(config, classifier, None, mine, vectors)
+    cascade = replay(config, classifier, static, mine, vectors)
     kept = [(a, c) for a, c in zip(alone, cascade) if a.reason in CLASSIFIED]
     per_route: dict[str, dict] = {}
     for name in config.route_names:

@@ -53,13 +53,12 @@ def cleared(config: RouterConfig) -> RouterConfig:
 def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, texts: list[str],
                   labels: list[str], intents: list[str] | None, static: StaticTable, holdout: float = 0.2,
                   seed: int = 0, hidden: int = 0, teacher: np.ndarray | None = None, train_rows: bool = True,
-                  max_disagreement: float = MAX_DISAGREEMENT, overall: float | None = None,
-                  weigh_by_teacher: bool = False) -> StaticFit:
+                  overall: float | None = None) -> StaticFit:
     """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
     a static head trained on the same split (`_train_head`: `hidden` units, the `teacher`'s route
     distribution), its margins set on the held-out rest against `encoder`'s choices. `texts`: as
     routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled;
-    `overall`, `weigh_by_teacher`: how the margins are set (fit_margins, with the teacher's weights)."""
+    `overall`: the margins' budget (fit_margins, a kept decision weighed by the `teacher` where there is one)."""
     base = cleared(config)
     fine = intents or labels
     train_idx, _ = head_split(base, labels, intents, holdout, seed)
@@ -71,8 +70,8 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
-                                encoder.choose(encoder.scores(embeddings[held])), truth, max_disagreement, overall,
-                                teacher[held] if teacher is not None and weigh_by_teacher else None)
+                                encoder.choose(encoder.scores(embeddings[held])), truth, overall=overall,
+                                teacher=teacher[held] if teacher is not None else None)
     head = head.with_prototypes(static_vectors[train], [(intents or labels)[i] for i in train])
     fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static.encode, head), static_vectors[held],
                                        truth)
