@@ -31,7 +31,7 @@ from batching.backend import Backend
 from batching.cost_model import BatchCostModel
 from batching.errors import BatcherClosed, BatcherError, DeadlineExceeded, Overloaded, TextTooLong, WouldMissDeadline
 from batching.observer import BatchObserver, NullObserver
-from batching.queue import Batch, BatchQueue, WorkItem
+from batching.queue import Batch, BatchQueue, Reply, WorkItem
 from batching.settings import BatcherSettings
 
 # (the batch's items, its tokens, its start and end in time.time_ns(), each item's queue wait in s)
@@ -116,6 +116,26 @@ class ContinuousBatcher:
 
     async def embed(self, text: str, deadline: float) -> np.ndarray:
         """The embedding of `text`, or BatcherError; never waits past `deadline` (monotonic)."""
+        fut = self._loop.create_future()
+        item = self.submit(text, deadline, fut)
+        if self.batch_hook is not None:
+            item.origin = contextvars.copy_context()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await fut
+        except TimeoutError:
+            item.cancelled = True
+            raise DeadlineExceeded("deadline passed while queued or running") from None
+        except asyncio.CancelledError:
+            item.cancelled = True
+            raise
+
+    def submit(self, text: str, deadline: float, reply: Reply) -> WorkItem:
+        """Queues `text` without a task, timer or future of its own: `reply` is settled on the event
+        loop, once, when its batch has run (or with DeadlineExceeded when a batch is cut after its
+        deadline). Raises BatcherError at once when refused. A caller that stops waiting sets the
+        returned item's `cancelled`. For callers that keep their own deadline (the model socket's
+        front ends do); call on the event loop."""
         if self._closing:
             raise BatcherClosed("batcher is shutting down")
         if not math.isfinite(deadline):  # NaN is neither expired nor live: it would hold a queue slot
@@ -132,22 +152,11 @@ class ContinuousBatcher:
             self._queue.release()
             self.observer.on_dropped("overload", 1)
             raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
-        fut = self._loop.create_future()
-        item = self._queue.new_item(text, deadline, fut)
-        if self.batch_hook is not None:
-            item.origin = contextvars.copy_context()
+        item = self._queue.new_item(text, deadline, reply)
         if not self._arrivals:
             self._loop.call_soon(self._hand_over)
         self._arrivals.append(item)
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await fut
-        except TimeoutError:
-            item.cancelled = True
-            raise DeadlineExceeded("deadline passed while queued or running") from None
-        except asyncio.CancelledError:
-            item.cancelled = True
-            raise
+        return item
 
     def _idle_past(self, wait: float, slack: float) -> bool:
         """A batcher idle for longer than it predicts admits all the same: its prediction is then
@@ -263,7 +272,7 @@ class ContinuousBatcher:
             self.backend.prepare_thread()
         while True:
             batch = self._queue.next_batch(
-                s.max_batch_size, s.max_batch_tokens, s.max_padding, s.max_wait_s, self.cost, self.margin
+                s.max_batch_size, s.max_batch_tokens, s.padding, s.max_wait_s, self.cost, self.margin
             )
             if batch is None:
                 return

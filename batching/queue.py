@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 import contextvars
-from typing import Callable, Sized
+from typing import Any, Callable, Protocol, Sized
 
 from batching.cost_model import BatchCostModel
+
+
+class Reply(Protocol):
+    """Where a request's outcome goes, on the event loop: an asyncio.Future, or a caller's own
+    object that answers at once (the model socket writes the vector to its front end)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
 
 
 @dataclass(eq=False)
 class WorkItem:
     text: str
     deadline: float  # time.monotonic() seconds
-    future: asyncio.Future
+    future: Reply
     enqueued_at: float  # on the queue's clock (BatchQueue.new_item)
     # What the backend's tokenize made of the text (token ids for a local model); its len() is
     # the token count that batch budgets and the cost model are kept in.
@@ -105,7 +115,7 @@ class BatchQueue:
         self._idle_since = clock()  # when the last running batch was done
         self._cond = threading.Condition()
 
-    def new_item(self, text: str, deadline: float, future: asyncio.Future) -> WorkItem:
+    def new_item(self, text: str, deadline: float, future: Reply) -> WorkItem:
         """A request submitted now, stamped with this queue's clock (what top-up waits are timed on)."""
         return WorkItem(text=text, deadline=deadline, future=future, enqueued_at=self._clock())
 

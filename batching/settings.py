@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from esr_settings import SettingError
+
+
+CPU_PADDING = 0.25
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,10 @@ class BatcherSettings:
     # own are bounded far below it (routed texts, guard pieces), as the model socket's frames are.
     max_text_chars: int = 64 * 1024
     sort_window: int = 256  # oldest requests among which batches are sorted by length
-    max_padding: float = 0.25  # share of a batch's padded tokens allowed to be padding
+    # Share of a batch's padded tokens allowed to be padding. auto: CPU_PADDING, or 1.0 where the
+    # model runs on a GPU (esr_app.embedding.batcher_shape): a CPU pays for every padded token, a
+    # GPU runs a wide batch in about the time of a narrow one and wants its batches large.
+    max_padding: float | Literal["auto"] = "auto"
     max_wait_ms: float = 0.0  # optional top-up wait for small batches; 0 = never wait idle
     # Time an embedding needs after its batch to reach the caller, on top of the measured delay
     # of the event loop in running the settling callback; deadline checks keep both in hand.
@@ -31,10 +38,16 @@ class BatcherSettings:
         for name in ("max_wait_ms", "answer_margin_ms"):
             if getattr(self, name) < 0:
                 raise SettingError(name, "must not be negative")
-        if not 0.0 <= self.max_padding <= 1.0:
-            raise SettingError("max_padding", "must be between 0 and 1")
+        if self.max_padding != "auto" and not (isinstance(self.max_padding, (int, float))
+                                               and 0.0 <= self.max_padding <= 1.0):
+            raise SettingError("max_padding", "must be auto or between 0 and 1")
         if self.max_queue_requests < self.max_batch_size:
             raise SettingError("max_queue_requests", "must be >= max_batch_size")
+
+    @property
+    def padding(self) -> float:
+        """`max_padding` as a share; auto where nobody resolved it for a device is the CPU's."""
+        return CPU_PADDING if self.max_padding == "auto" else self.max_padding
 
     @property
     def max_wait_s(self) -> float:

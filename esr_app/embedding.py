@@ -59,12 +59,26 @@ def runtime(config: RouterConfig) -> str:
     return "onnx"
 
 
+def on_gpu(config: RouterConfig) -> bool:
+    """Whether the model this config loads here runs on a CUDA device."""
+    device = config.encoder.device
+    if config.encoder.remote is not None or runtime(config) != "torch":
+        return False
+    if device != "auto":
+        return device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
     """The batcher's settings and lanes (batches in flight). A remote engine takes `max_batch`
     inputs a call and `max_in_flight` calls at once, and pads its own batches: ours need not
-    be cut by padding."""
+    be cut by padding; nor need a GPU's (`batching.max_padding: auto`)."""
     remote = config.encoder.remote
     if remote is None:
+        if config.batching.max_padding == "auto" and on_gpu(config):
+            return dataclasses.replace(config.batching, max_padding=1.0), 1
         return config.batching, 1
     settings = dataclasses.replace(
         config.batching, max_batch_size=remote.max_batch, max_padding=1.0,

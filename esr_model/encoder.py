@@ -15,7 +15,8 @@ from esr_model.location import resolve_model
 from esr_model import metrics
 from esr_model.config import ModelConfig
 from esr_model.thread_policy import ThreadTuner, model_cpus
-from esr_model.truncation import Keep, cut_ids
+from esr_model.truncation import Keep
+from esr_model.wordpiece_cache import WordPieceCache
 from esr_model.tuned import TunedEncoder
 from esr_model.torch_threads import single_threaded
 
@@ -72,6 +73,7 @@ class SentenceEncoder(TunedEncoder):
         self.max_seq_length = min(config.max_seq_length or own, own)
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self._words = WordPieceCache(_plain(self.tokenizer.backend_tokenizer))
         self.on_cpu = self.device == "cpu"
         self.dimension: int = self.model.get_embedding_dimension()
         self._traced = None
@@ -97,11 +99,9 @@ class SentenceEncoder(TunedEncoder):
         if self.device.startswith("cuda"):
             self._torch.cuda.synchronize()
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        # Whole, then cut here: the tokenizer's own truncation keeps only the start. The router has
-        # bounded the text (requests.prompt_max_tokens), so this stays cheap.
+    def _library_ids(self, texts: Sequence[str]) -> list[list[int]]:
         out = self.tokenizer(list(texts), truncation=False, padding=False, return_attention_mask=False, verbose=False)
-        return [cut_ids(ids, self.max_seq_length, self.keep) for ids in out["input_ids"]]
+        return out["input_ids"]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         torch = self._torch
@@ -181,3 +181,14 @@ def trace(model, max_seq_length: int):
         log.warning("torchscript trace failed; running eager", extra={"error": type(exc).__name__})
         return None
     return traced
+
+
+def _plain(tokenizer):
+    """A copy of a `tokenizers.Tokenizer` that neither pads nor truncates (the model's own may do
+    both; its ids are cut in tokenize)."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.no_truncation()
+    return copy

@@ -22,7 +22,8 @@ from esr_settings import ConfigError
 from esr_model import cpu_quota, int8_kernels
 from esr_model.location import export_is_current, export_path, export_record, resolve_model
 from esr_model.thread_policy import ThreadTuner, model_cpus
-from esr_model.truncation import Keep, cut_ids
+from esr_model.truncation import Keep
+from esr_model.wordpiece_cache import WordPieceCache
 from esr_model.tuned import TunedEncoder
 from esr_model import metrics
 from esr_model.config import ModelConfig
@@ -78,6 +79,7 @@ class OnnxEncoder(TunedEncoder):
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # cut in tokenize, keeping `keep`
+        self._words = WordPieceCache(self.tokenizer)
         padding = json.loads((model_dir / "tokenizer_config.json").read_text()).get("pad_token") \
             if (model_dir / "tokenizer_config.json").is_file() else None
         self.pad_id = (self.tokenizer.token_to_id(padding) if isinstance(padding, str) else None) or 0
@@ -109,8 +111,8 @@ class OnnxEncoder(TunedEncoder):
             self._sessions[n] = self._session(n)
         self._session_now = self._sessions[n]
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        return [cut_ids(e.ids, self.max_seq_length, self.keep) for e in self.tokenizer.encode_batch(list(texts))]
+    def _library_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         (out,) = self._session_now.run(None, {"input_ids": ids, "attention_mask": mask})  # drops the GIL throughout

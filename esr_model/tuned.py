@@ -9,6 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from esr_model.thread_policy import ThreadTuner
+from esr_model.truncation import Keep, cut_ids
+from esr_model.wordpiece_cache import WordPieceCache
 from esr_model import metrics
 
 
@@ -25,18 +27,32 @@ def pad(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
 
 class TunedEncoder:
     """A Backend (batching/backend.py) on a local model. Subclasses set `cpu_threads`, `pad_id`,
-    `dimension`, `max_seq_length`, `on_cpu` and `_tuner` (None: a fixed count), and implement
-    `tokenize`, `_run(ids, mask)` and `_apply_threads(n)`."""
+    `dimension`, `max_seq_length`, `keep`, `on_cpu`, `_words` (a WordPieceCache over the model's
+    `tokenizers.Tokenizer`) and `_tuner` (None: a fixed count), and implement `_library_ids`,
+    `_run(ids, mask)` and `_apply_threads(n)`."""
 
     cpu_threads: int
     pad_id: int
     dimension: int
     max_seq_length: int
+    keep: Keep
     on_cpu: bool
+    _words: WordPieceCache
     _tuner: ThreadTuner | None
     _threads_now: int = 0
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        # Whole, then cut here, keeping `keep` (a tokenizer's own truncation keeps only the start).
+        # The word cache is the library's ids at a fifth of its CPU on the texts a router sees
+        # (docs/benchmarks.md), and it is the tokenizer thread's whole cost per request.
+        if self._words.usable:
+            ids = [self._words.ids(t) for t in texts]
+        else:
+            ids = self._library_ids(texts)
+        return [cut_ids(i, self.max_seq_length, self.keep) for i in ids]
+
+    def _library_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The tokenizer library's ids for `texts`, special tokens included, uncut."""
         raise NotImplementedError
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -12,7 +12,8 @@ import struct
 import time
 from pathlib import Path
 
-from batching import Embedder, Overloaded
+from batching import ContinuousBatcher, Overloaded
+from batching.queue import WorkItem
 from esr_modelsock import wire
 
 log = logging.getLogger(__name__)
@@ -30,25 +31,47 @@ def peer_uid(sock: socket.socket) -> int:
     return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
 
 
+class _Reply:
+    """One request's answer: written to the front end the moment its batch settles, or not at all
+    once the request is cancelled (by the front end, or by the connection going away)."""
+
+    __slots__ = ("connection", "request_id", "item")
+
+    def __init__(self, connection: "_Connection", request_id: int):
+        self.connection, self.request_id = connection, request_id
+        self.item: WorkItem | None = None
+
+    def done(self) -> bool:
+        return self.connection.replies.get(self.request_id) is not self
+
+    def set_result(self, vector) -> None:
+        self.connection.answer(self, wire.vector_frame(self.request_id, vector.tobytes()))
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.connection.answer(self, wire.error_frame(self.request_id, exc))
+
+
 class _Connection(wire.FramedProtocol):
-    """One front end: its requests run as tasks; a CANCEL, or the front end going away, cancels
-    them, and a cancelled request leaves the batcher's queue without being computed. Only a process
-    of this process's user may connect (SO_PEERCRED); every frame is checked before it costs
-    anything (a finite, non-negative budget; text within wire.MAX_TEXT; MAX_IN_FLIGHT open)."""
+    """One front end. Its requests go to the batcher without a task, timer or future each (the
+    front end keeps the deadline and says CANCEL when it gives up; the batcher drops a request
+    whose deadline passed when it cuts a batch); a cancelled request, or every request of a front
+    end that went away, leaves the queue without being computed. Only a process of this process's
+    user may connect (SO_PEERCRED); every frame is checked before it costs anything (a finite,
+    non-negative budget; text within wire.MAX_TEXT; MAX_IN_FLIGHT open)."""
 
     peer = "front end"
 
-    def __init__(self, embedder: Embedder, hello: bytes, connections: set):
+    def __init__(self, batcher: ContinuousBatcher, hello: bytes, connections: set):
         super().__init__()
-        self._embedder = embedder
+        self._batcher = batcher
         self._connections = connections
         self._hello = hello
-        self._tasks: dict[int, asyncio.Task] = {}
+        self.replies: dict[int, _Reply] = {}
         self._out: wire.FrameWriter  # from connection_made on
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return len(self.replies)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -67,51 +90,53 @@ class _Connection(wire.FramedProtocol):
             if kind == wire.EMBED:
                 request_id, budget, raw = wire.split_embed(payload)
                 refused = self._refusal(request_id, budget, raw)
+                if refused is None:
+                    reply = _Reply(self, request_id)
+                    try:
+                        reply.item = self._batcher.submit(raw.decode("utf-8", "surrogatepass"), now + budget, reply)
+                    except Exception as exc:
+                        refused = exc
+                    else:
+                        self.replies[request_id] = reply
                 if refused is not None:
                     self._out.write(wire.error_frame(request_id, refused))
-                    continue
-                text = raw.decode("utf-8", "surrogatepass")
-                self._tasks[request_id] = asyncio.create_task(self._answer(request_id, text, now + budget))
             elif kind == wire.CANCEL:
-                task = self._tasks.pop(wire.request_id_of(payload), None)
-                if task is not None:
-                    task.cancel()
+                self._drop(self.replies.pop(wire.request_id_of(payload), None))
 
     def _refusal(self, request_id: int, budget: float, raw: bytes) -> Exception | None:
         if not math.isfinite(budget) or budget < 0:
             return ValueError(f"budget {budget!r} is not a finite, non-negative time")
         if len(raw) > wire.MAX_TEXT:
             return ValueError(f"text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
-        if request_id in self._tasks:
+        if request_id in self.replies:
             return ValueError(f"request id {request_id} is already in flight")
-        if len(self._tasks) >= MAX_IN_FLIGHT:
+        if len(self.replies) >= MAX_IN_FLIGHT:
             return Overloaded(f"{MAX_IN_FLIGHT} requests in flight on this connection")
         return None
 
-    async def _answer(self, request_id: int, text: str, deadline: float) -> None:
-        try:
-            vector = await self._embedder.embed(text, deadline)
-            self._out.write(wire.vector_frame(request_id, vector.tobytes()))
-        except asyncio.CancelledError:
-            pass  # the front end gave up: nothing to answer
-        except Exception as exc:
-            self._out.write(wire.error_frame(request_id, exc))
-        finally:
-            self._tasks.pop(request_id, None)
+    def answer(self, reply: _Reply, frame: bytes) -> None:
+        if self.replies.get(reply.request_id) is reply:
+            del self.replies[reply.request_id]
+            self._out.write(frame)
+
+    @staticmethod
+    def _drop(reply: _Reply | None) -> None:
+        if reply is not None and reply.item is not None:
+            reply.item.cancelled = True
 
     def close(self) -> None:
         self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self._connections.discard(self)
-        for task in self._tasks.values():
-            task.cancel()
-        self._tasks.clear()
+        for reply in self.replies.values():
+            self._drop(reply)
+        self.replies.clear()
 
 
 class ModelSocketServer:
-    def __init__(self, embedder: Embedder, path: str | Path, info: dict):
-        self.embedder = embedder
+    def __init__(self, batcher: ContinuousBatcher, path: str | Path, info: dict):
+        self.batcher = batcher
         self.path = Path(path)
         self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
         self._server: asyncio.AbstractServer | None = None
@@ -131,7 +156,7 @@ class ModelSocketServer:
         umask = os.umask(0o177)
         try:
             self._server = await loop.create_unix_server(
-                lambda: _Connection(self.embedder, self._hello, self._connections), str(self.path))
+                lambda: _Connection(self.batcher, self._hello, self._connections), str(self.path))
         finally:
             os.umask(umask)
         log.info("model socket listening", extra={"socket": str(self.path)})

@@ -10,11 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
+
 import pytest
 
 from esr_model.encoder import SentenceEncoder
 from esr_model.location import export_is_current, export_path, resolve_model
 from esr_model.onnx_encoder import OnnxEncoder
+from esr_model.truncation import cut_ids
 from esr_config import ConfigError, EncoderConfig, parse_config
 from tests.support import ROOT
 
@@ -47,6 +49,9 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_same_tokens_and_same_vectors_as_torch(onnx, torch_encoder):
     texts = CLINC_LIKE + HOSTILE
     assert onnx.tokenize(texts) == torch_encoder.tokenize(texts)  # truncation and special tokens alike
+    # the word cache both serve through gives the library's own ids, cut alike
+    library = [cut_ids(ids, onnx.max_seq_length, onnx.keep) for ids in onnx._library_ids(texts)]
+    assert onnx._words.usable and onnx.tokenize(texts) == library
     assert (onnx.dimension, onnx.max_seq_length, onnx.pad_id) == (384, 256, 0)
     got, want = onnx.encode(texts), torch_encoder.encode(texts)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -95,6 +100,7 @@ import sys
 sys.modules["torch"] = None  # as in the torch-free image
 from esr_config import EncoderConfig
 from esr_model.onnx_encoder import OnnxEncoder
+from esr_model.truncation import cut_ids
 try:
     OnnxEncoder(EncoderConfig(model={str(copy)!r}, backend="onnx"))
 except ValueError as exc:
