@@ -136,27 +136,55 @@ class ContinuousBatcher:
         deadline). Raises BatcherError at once when refused. A caller that stops waiting sets the
         returned item's `cancelled`. For callers that keep their own deadline (the model socket's
         front ends do); call on the event loop."""
+        (outcome,) = self.submit_many(((text, deadline, reply),))
+        if isinstance(outcome, BatcherError):
+            raise outcome
+        return outcome
+
+    def submit_many(self, requests: Sequence[tuple[str, float, Reply]]) -> list[WorkItem | BatcherError]:
+        """submit() for requests that arrived together (a front end's frames of one read), each
+        (text, deadline, reply): queued (its WorkItem) or refused (the error submit would raise).
+        One admission for the lot: the wait predicted for the last of them is judged against each
+        one's deadline, so a request is never admitted that submit would refuse."""
         if self._closing:
-            raise BatcherClosed("batcher is shutting down")
-        if not math.isfinite(deadline):  # NaN is neither expired nor live: it would hold a queue slot
-            raise DeadlineExceeded(f"deadline {deadline!r} is not a time")
-        if len(text) > self.settings.max_text_chars:
-            self.observer.on_dropped("too_long", 1)
-            raise TextTooLong(f"text of {len(text)} characters, over max_text_chars {self.settings.max_text_chars}")
-        if not self._queue.reserve():
-            self.observer.on_dropped("overload", 1)
-            raise Overloaded(f"queue holds {self._queue.max_requests} requests")
+            return [BatcherClosed("batcher is shutting down")] * len(requests)
+        out: list[WorkItem | BatcherError] = []
+        valid: list[int] = []
+        for n, (text, deadline, _reply) in enumerate(requests):
+            if not math.isfinite(deadline):  # NaN is neither expired nor live: it would hold a queue slot
+                out.append(DeadlineExceeded(f"deadline {deadline!r} is not a time"))
+            elif len(text) > self.settings.max_text_chars:
+                self.observer.on_dropped("too_long", 1)
+                out.append(TextTooLong(f"text of {len(text)} characters, over max_text_chars "
+                                       f"{self.settings.max_text_chars}"))
+            else:
+                out.append(None)  # type: ignore[arg-type]  # decided below
+                valid.append(n)
+        if not valid:
+            return out
+        granted = self._queue.reserve(len(valid))
+        if granted < len(valid):
+            self.observer.on_dropped("overload", len(valid) - granted)
+            for n in valid[granted:]:
+                out[n] = Overloaded(f"queue holds {self._queue.max_requests} requests")
+            valid = valid[:granted]
         now = time.monotonic()
-        wait = self.predicted_wait()
-        if now + wait > deadline and not self._idle_past(wait, deadline - now):
-            self._queue.release()
-            self.observer.on_dropped("overload", 1)
-            raise WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
-        item = self._queue.new_item(text, deadline, reply)
-        if not self._arrivals:
-            self._loop.call_soon(self._hand_over)
-        self._arrivals.append(item)
-        return item
+        wait = self.predicted_wait() if valid else 0.0
+        late = 0
+        for n in valid:
+            text, deadline, reply = requests[n]
+            if now + wait > deadline and not self._idle_past(wait, deadline - now):
+                late += 1
+                out[n] = WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
+                continue
+            item = out[n] = self._queue.new_item(text, deadline, reply)
+            if not self._arrivals:
+                self._loop.call_soon(self._hand_over)
+            self._arrivals.append(item)
+        if late:
+            self._queue.release(late)
+            self.observer.on_dropped("overload", late)
+        return out
 
     def _idle_past(self, wait: float, slack: float) -> bool:
         """A batcher idle for longer than it predicts admits all the same: its prediction is then

@@ -123,12 +123,14 @@ class BatchQueue:
     def depth(self) -> tuple[int, int]:
         return self._reserved, self._tokens
 
-    def reserve(self) -> bool:
+    def reserve(self, n: int = 1) -> int:
+        """Takes up to `n` request slots; how many it took (0 when closed or full)."""
         with self._cond:
-            if self._closed or self._reserved >= self.max_requests:
-                return False
-            self._reserved += 1
-            return True
+            if self._closed:
+                return 0
+            granted = max(0, min(n, self.max_requests - self._reserved))
+            self._reserved += granted
+            return granted
 
     def release(self, n: int = 1) -> None:
         with self._cond:

@@ -71,6 +71,7 @@ def _stand_in(device: str, forward_ms: float):
 
 def serve(socket: str, device: str, forward_ms: float, stats: str) -> None:
     """The model process under test; writes its batch counts to `stats` every 0.2 s."""
+    from esr_app import event_loop
     from esr_app.model_process import ModelProcess
     from esr_config import load_config
     from esr_settings import replace_at
@@ -88,7 +89,8 @@ def serve(socket: str, device: str, forward_ms: float, stats: str) -> None:
             time.sleep(0.2)
 
     threading.Thread(target=report, daemon=True).start()
-    asyncio.run(ModelProcess(config, socket, backend_factory=lambda cfg: backend).run_until_signal())
+    event_loop.run(ModelProcess(config, socket, backend_factory=lambda cfg: backend).run_until_signal(),
+                   config.server.event_loop)
 
 
 def _cpu(pid: int, names: dict[str, str]) -> tuple[float, dict[str, float]]:
@@ -134,6 +136,13 @@ async def _load(socket: str, callers: int, seconds: float, seed: int, most_per_s
     return done[0], done[1]
 
 
+def _run(main):
+    """On the loop a front end runs on."""
+    from esr_app import event_loop
+
+    return event_loop.run(main, "auto")
+
+
 def _trial(variant: str, trial: int, args) -> dict:
     device = "cuda" if variant == "gpu" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,10 +151,10 @@ def _trial(variant: str, trial: int, args) -> dict:
                                  "--device", device, "--forward-ms", str(args.forward_ms), "--stats", stats])
         try:
             seed = trial * 2 + (variant == "gpu") + int(time.time())
-            asyncio.run(_load(socket, args.callers, 1.0, seed))  # warm: connected, first batches run
+            _run(_load(socket, args.callers, 1.0, seed))  # warm: connected, first batches run
             before_stats = json.loads(Path(stats).read_text())
             before = _cpu(proc.pid, before_stats["threads"])
-            answers, errors = asyncio.run(_load(socket, args.callers, args.seconds, seed + 7919))
+            answers, errors = _run(_load(socket, args.callers, args.seconds, seed + 7919))
             after = _cpu(proc.pid, before_stats["threads"])
             time.sleep(0.3)
             after_stats = json.loads(Path(stats).read_text())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import ipaddress
 import os
@@ -99,7 +98,7 @@ def cmd_model_server(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     try:
-        asyncio.run(ModelProcess(config, args.socket).run_until_signal())
+        event_loop.run(ModelProcess(config, args.socket).run_until_signal(), config.server.event_loop)
     except SocketInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 from esr_extproc.metrics import LATENCY_BUCKETS as _LATENCY
@@ -59,8 +60,7 @@ class PrometheusBatchObserver:
         BATCH_TOKENS.observe(padded_tokens)
         PADDING_RATIO.observe(1.0 - tokens / padded_tokens if padded_tokens else 0.0)
         INFERENCE.observe(inference_s)
-        for w in queue_waits_s:
-            QUEUE_WAIT.observe(w)
+        observe_many(QUEUE_WAIT, queue_waits_s)
 
     def on_dropped(self, reason: str, count: int) -> None:
         BATCHER_DROPPED.labels(reason).inc(count)
@@ -68,3 +68,22 @@ class PrometheusBatchObserver:
     def on_queue_depth(self, requests: int, tokens: int) -> None:
         QUEUE_DEPTH.set(requests)
         QUEUE_TOKENS.set(tokens)
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for every v (no exemplars): a batch's queue waits in one count per
+    bucket, not a lock per request on the model thread. Reads the client's histogram internals
+    (its bucket bounds and counters), as its own `observe` does; where a version lacks them, one
+    observe per value."""
+    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None:
+        for v in values:
+            histogram.observe(v)
+        return
+    if not len(values):
+        return
+    # searchsorted's left side: the first bound a value is <= to, as observe() finds it.
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    total.inc(float(np.sum(values)))
+    for i in np.flatnonzero(counts):
+        buckets[i].inc(int(counts[i]))

@@ -8,7 +8,6 @@ GPU stream, or one set of CPU threads) across every worker's prompts.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import glob
 import logging
@@ -298,8 +297,8 @@ def _model_main(config: RouterConfig, socket_path: str, log_level: str, events) 
     _child_setup(log_level, MODEL)
     from esr_app.model_process import ModelProcess
 
-    asyncio.run(ModelProcess(config, socket_path).run_until_signal(
-        on_ready=lambda: events.put(("ready", MODEL)), signals=(signal.SIGTERM,)))
+    event_loop.run(ModelProcess(config, socket_path).run_until_signal(
+        on_ready=lambda: events.put(("ready", MODEL)), signals=(signal.SIGTERM,)), config.server.event_loop)
 
 
 def _worker_main(config: RouterConfig, config_path: Path | None, index: int, log_level: str, events) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Sequence
 
@@ -16,13 +17,13 @@ from esr_model import metrics
 
 def pad(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, attention_mask), int64, as long as the longest input."""
-    longest = max(len(t) for t in token_ids)
-    ids = np.full((len(token_ids), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(token_ids), longest), dtype=np.int64)
-    for row, toks in enumerate(token_ids):
-        ids[row, : len(toks)] = toks
-        mask[row, : len(toks)] = 1
-    return ids, mask
+    lengths = np.fromiter(map(len, token_ids), np.int64, len(token_ids))
+    mask = np.arange(int(lengths.max())) < lengths[:, None]
+    ids = np.full(mask.shape, pad_id, dtype=np.int64)
+    # One copy of every id, row after row, into the mask's places (row-major, as the rows are):
+    # a batch of 64 is padded on the model thread between forward passes.
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(token_ids), np.int64, int(lengths.sum()))
+    return ids, mask.astype(np.int64)
 
 
 class TunedEncoder:

@@ -86,22 +86,30 @@ class _Connection(wire.FramedProtocol):
 
     def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
+        arrived: list[tuple[str, float, _Reply]] = []  # admitted together: one queue decision for a read
         for kind, payload in frames:
             if kind == wire.EMBED:
                 request_id, budget, raw = wire.split_embed(payload)
                 refused = self._refusal(request_id, budget, raw)
-                if refused is None:
-                    reply = _Reply(self, request_id)
-                    try:
-                        reply.item = self._batcher.submit(raw.decode("utf-8", "surrogatepass"), now + budget, reply)
-                    except Exception as exc:
-                        refused = exc
-                    else:
-                        self.replies[request_id] = reply
                 if refused is not None:
                     self._out.write(wire.error_frame(request_id, refused))
+                    continue
+                reply = self.replies[request_id] = _Reply(self, request_id)
+                arrived.append((raw.decode("utf-8", "surrogatepass"), now + budget, reply))
             elif kind == wire.CANCEL:
+                self._submit(arrived)  # a CANCEL may name a request of this same read
+                arrived = []
                 self._drop(self.replies.pop(wire.request_id_of(payload), None))
+        self._submit(arrived)
+
+    def _submit(self, arrived: list[tuple[str, float, _Reply]]) -> None:
+        if not arrived:
+            return
+        for (_, _, reply), outcome in zip(arrived, self._batcher.submit_many(arrived)):
+            if isinstance(outcome, WorkItem):
+                reply.item = outcome
+            else:
+                reply.set_exception(outcome)
 
     def _refusal(self, request_id: int, budget: float, raw: bytes) -> Exception | None:
         if not math.isfinite(budget) or budget < 0:

@@ -583,3 +583,47 @@ def test_the_queue_does_not_run_alone_an_item_with_no_more_time_than_its_answer_
     # Both predicted late (50 ms); the older, with 4 ms left of the 5 ms its answer needs, is
     # refused, and the other, with more than that left, is tried alone.
     assert batch.late == [items[0]] and batch.items == [items[1]]
+
+
+def test_requests_submitted_together_are_each_queued_or_refused_as_alone():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend, max_batch_size=1, max_queue_requests=2)
+        first = await hold_first(b, backend)  # running: it holds no queue slot
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(5)]
+        outcomes = b.submit_many([("queued 1", far(), futures[0]), ("no time", float("nan"), futures[1]),
+                                  ("queued 2", far(), futures[2]), ("x" * 70_000, far(), futures[3]),
+                                  ("one too many", far(), futures[4])])
+        kinds = [type(o).__name__ for o in outcomes]
+        # two of these fill the two slots; refusals cost none
+        assert kinds == ["WorkItem", "DeadlineExceeded", "WorkItem", "TextTooLong", "Overloaded"]
+        assert obs.dropped == {"too_long": 1, "overload": 1}
+        assert b.depth[0] == 2
+        backend.gate.set()
+        await first
+        np.testing.assert_allclose(await futures[0], vector_for("queued 1"))
+        np.testing.assert_allclose(await futures[2], vector_for("queued 2"))
+        assert not any(f.done() for f in (futures[1], futures[3], futures[4]))  # refused: told, never settled
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_submitted_request_whose_caller_stops_waiting_is_never_computed():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend, max_batch_size=1)
+        first = await hold_first(b, backend)
+        gone = b.submit("the caller gave up", far(), asyncio.get_running_loop().create_future())
+        kept = asyncio.get_running_loop().create_future()
+        b.submit("still wanted", far(), kept)
+        gone.cancelled = True
+        backend.gate.set()
+        await first
+        np.testing.assert_allclose(await kept, vector_for("still wanted"))
+        assert "the caller gave up" not in [t for batch in backend.batches for t in batch]
+        assert obs.dropped["cancelled"] == 1
+        await b.aclose()
+
+    asyncio.run(main())

@@ -347,3 +347,21 @@ def test_a_text_too_large_for_a_frame_fails_its_own_request_and_the_socket_stays
         await side.stop()
 
     asyncio.run(main())
+
+
+def test_a_cancel_in_the_same_read_as_its_request_leaves_it_uncomputed_and_its_neighbours_answered(tmp_path):
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        frames = [wire.embed_frame(1, 5.0, b"wanted"), wire.embed_frame(2, 5.0, b"withdrawn"), wire.cancel_frame(2),
+                  wire.embed_frame(3, 5.0, b"wanted too"), wire.embed_frame(3, 5.0, b"same id again")]
+        got = await asyncio.to_thread(raw_exchange, side.path, frames, 3)
+        answers = {wire.request_id_of(p): k for k, p in got}
+        # 1 and 3 answered; the duplicate id refused at once; 2 neither answered nor computed
+        assert sorted(k for k, _ in got) == [wire.VECTOR, wire.VECTOR, wire.ERROR] and 2 not in answers
+        vectors = {wire.request_id_of(p): np.frombuffer(p, np.float32, offset=4) for k, p in got if k == wire.VECTOR}
+        np.testing.assert_array_equal(vectors[1], vector_for("wanted"))
+        np.testing.assert_array_equal(vectors[3], vector_for("wanted too"))
+        assert "withdrawn" not in [t for batch in side.backend.batches for t in batch]
+        await side.stop()
+
+    asyncio.run(main())
