@@ -28,7 +28,7 @@ import httpx
 import yaml
 
 from bench.contention_bench import cpu_quota, neighbour
-from bench.ext_proc_bench import ExtProcClient, launch_router
+from bench.harness import ExtProcClient, launch_router
 from bench.overload_bench import scrape
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, Stack, StackPorts, free_port

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from bench.ext_proc_bench import start_router
+from bench.harness import start_router
 from bench.frontend_bench import PINNED_SCRIPT, tree_cpu
 from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from bench.cascade_bench import ROUTED, split_tallies, wrk_script
-from bench.ext_proc_bench import launch_router
+from bench.harness import launch_router
 from bench.frontend_bench import tree_cpu
 from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ext_proc_bench import HEADERS, ExtProcClient, start_router
+from bench.harness import HEADERS, ExtProcClient, start_router
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.ext_proc_bench import start_router
+from bench.harness import start_router
 from bench.report import emit
 from devstack.envoy_binary import find_envoy
 from devstack.readiness import http_ok, wait_ready

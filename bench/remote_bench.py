@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.batcher_bench import closed_loop
-from bench.ext_proc_bench import ExtProcClient, start_router
+from bench.harness import ExtProcClient, start_router
 from bench.overload_bench import scrape
 from bench.report import emit
 from bench.workloads import short_prompts

@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.ext_proc_bench import start_router
+from bench.harness import start_router
 from bench.frontend_bench import tree_cpu
 from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit

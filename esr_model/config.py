@@ -27,6 +27,9 @@ class ModelConfig:
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
     cpu_bf16: bool = False  # bf16 autocast on CPU: faster where the CPU has bf16 units, slightly different scores
     torchscript: bool = True  # CPU: run the model as one traced graph (checked against eager at load)
+    # CUDA: replay forward passes captured per batch and length bucket (checked against eager at
+    # load; eager where capture fails): one host call a batch instead of one per kernel.
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         require(bool(_DEVICE.match(self.device)), "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -80,6 +80,9 @@ class SentenceEncoder(TunedEncoder):
         if config.torchscript and self.device == "cpu" and not self.cpu_bf16:
             with single_threaded():
                 self._traced = trace(self.model, self.max_seq_length)
+        self._graphs = None
+        if config.cuda_graphs and self.device.startswith("cuda"):
+            self._graphs = captured(self.model, self.device, self.max_seq_length)
         metrics.CPU_BUDGET.set(budget.cpus)
         log.info(
             "encoder loaded",
@@ -87,7 +90,8 @@ class SentenceEncoder(TunedEncoder):
                    "cpu_affinity": budget.affinity, "cpu_quota": budget.quota, "cpu_budget": budget.cpus,
                    "cpu_budget_from": budget.source,
                    "model_threads": self.cpu_threads if self.device == "cpu" else None,
-                   "model_threads_adaptive": self._tuner is not None, "torchscript": self._traced is not None},
+                   "model_threads_adaptive": self._tuner is not None, "torchscript": self._traced is not None,
+                   "cuda_graphs": self._graphs is not None},
         )
 
     def _apply_threads(self, n: int) -> None:
@@ -110,6 +114,10 @@ class SentenceEncoder(TunedEncoder):
             # and each re-take can wait a whole switch interval (5 ms) behind the busy event loop.
             with torch.inference_mode():
                 return self._traced(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        if self._graphs is not None:
+            out = self._graphs.run(ids, mask)
+            if out is not None:  # None: a batch no bucket holds, run eagerly
+                return out
         ids_t = torch.from_numpy(ids).to(self.device, non_blocking=True)
         mask_t = torch.from_numpy(mask).to(self.device, non_blocking=True)
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cpu_bf16):
@@ -155,6 +163,31 @@ def check_batches(model, max_seq_length: int) -> list[tuple[np.ndarray, np.ndarr
         ids[0, length // 2 :] = pad_id
         out.append((ids, mask))
     return out
+
+
+def captured(model, device: str, max_seq_length: int):
+    """The model's forward as CUDA graphs (esr_model/cuda_graphs.py), or None where capture fails
+    or a graph's answer differs from eager's on the check batches."""
+    import torch
+
+    from esr_model.cuda_graphs import CudaGraphs
+
+    graphs = CudaGraphs(lambda ids, mask: sentence_embeddings(model, ids, mask), device, 128, max_seq_length,
+                        model.tokenizer.pad_token_id or 0)
+    try:
+        graphs.capture()
+        with torch.inference_mode():
+            for ids, mask in check_batches(model, max_seq_length):
+                got = graphs.run(ids, mask)
+                want = sentence_embeddings(model, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
+                want = want.float().cpu().numpy()
+                if got is None or got.shape != want.shape or (got * want).sum(-1).min() < 0.999:
+                    log.warning("cuda graphs differ from the eager model; running eager")
+                    return None
+    except Exception as exc:  # a model or torch that cannot be captured still runs, eagerly
+        log.warning("cuda graph capture failed; running eager", extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
+        return None
+    return graphs
 
 
 def trace(model, max_seq_length: int):

@@ -12,6 +12,8 @@ import struct
 import time
 from pathlib import Path
 
+import numpy as np
+
 from batching import ContinuousBatcher, Overloaded
 from batching.queue import WorkItem
 from esr_modelsock import wire
@@ -45,7 +47,8 @@ class _Reply:
         return self.connection.replies.get(self.request_id) is not self
 
     def set_result(self, vector) -> None:
-        self.connection.answer(self, wire.vector_frame(self.request_id, vector.tobytes()))
+        # float32 whatever the backend computed in: the wire and the front ends read float32
+        self.connection.answer(self, wire.vector_frame(self.request_id, vector.astype(np.float32, copy=False).tobytes()))
 
     def set_exception(self, exc: BaseException) -> None:
         self.connection.answer(self, wire.error_frame(self.request_id, exc))

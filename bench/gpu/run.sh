@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Run THERE (the device machine), from the repository root, after prepare.sh here:
+#   run(command="bash bench/gpu/run.sh", carry=[".gpu"], timeout_s=540)
+# Everything issue 57 measures on a GPU, in one call of about 6 minutes; each part's JSON lands in
+# $OUT (the table is in the output). A part that fails says so and the next one runs.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+  || { echo "wheels did not install"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi -L; nproc; python3 -c "import torch, transformers, sentence_transformers as st; print('torch', torch.__version__, 'transformers', transformers.__version__, 'st', st.__version__)"
+
+# The model in fp32 again, and its static table (the static tier's), made once here.
+MODEL=/tmp/model; rm -rf $MODEL; cp -r .gpu/model $MODEL
+python3 - $MODEL <<'PY' || echo "PART FAILED: fp32 weights"
+import sys
+from safetensors.torch import load_file, save_file
+path = sys.argv[1] + "/model.safetensors"
+save_file({k: v.float() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+PY
+timeout 240 python3 -c "from esr_model.export import export; export('$MODEL'); from esr_model.static_embedding import ensure_static; print(ensure_static('$MODEL'))" \
+  || echo "PART FAILED: static table (the node's static-on rows will fail)"
+
+part() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  grep -v '^ \|^{\|^}\|^\]\|^\[' "$OUT/$name.log" | tail -30; echo "--- $name rc=$rc in $((SECONDS - t0)) s"; }
+
+# 1. The forward pass alone: captured graphs against eager; host time per forward.
+part forward 120 python3 -m bench.gpu_forward --model $MODEL --batches 1 16 64 128 --repeats 40 --out "$OUT/forward.json"
+# 2. The model process alone (socket, batcher, tokenizer): embeddings/s with four front ends' load.
+part model_process 120 python3 -m bench.model_process_bench --model cuda --model-dir $MODEL --variants gpu \
+  --loaders 4 --callers 128 --seconds 5 --trials 1 --out "$OUT/model_process.json"
+# 3. The node: N front-end processes feeding the model process, ext_proc load from four processes.
+part node 240 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends 6 --static off on \
+  --loaders 4 --streams 64 --seconds 6 --trials 1 --out "$OUT/node.json"
