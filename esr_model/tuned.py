@@ -44,9 +44,10 @@ class TunedEncoder:
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         # Whole, then cut here, keeping `keep` (a tokenizer's own truncation keeps only the start).
-        # The word cache is the library's ids at a fifth of its CPU on the texts a router sees
-        # (docs/benchmarks.md), and it is the tokenizer thread's whole cost per request.
-        if self._words.usable:
+        # On a GPU the host's Python is the limit: the word cache gives the library's ids for a fifth
+        # of its CPU. On a CPU the forward pass is, and the library's call, which lets go of the GIL
+        # while it works, leaves more of it to the event loop (docs/benchmarks.md).
+        if not self.on_cpu and self._words.usable:
             ids = [self._words.ids(t) for t in texts]
         else:
             ids = self._library_ids(texts)

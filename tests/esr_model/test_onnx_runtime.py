@@ -49,9 +49,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_same_tokens_and_same_vectors_as_torch(onnx, torch_encoder):
     texts = CLINC_LIKE + HOSTILE
     assert onnx.tokenize(texts) == torch_encoder.tokenize(texts)  # truncation and special tokens alike
-    # the word cache both serve through gives the library's own ids, cut alike
+    # the word cache (what a GPU tokenizes through) gives the library's own ids, cut alike
     library = [cut_ids(ids, onnx.max_seq_length, onnx.keep) for ids in onnx._library_ids(texts)]
-    assert onnx._words.usable and onnx.tokenize(texts) == library
+    cached = [cut_ids(onnx._words.ids(t), onnx.max_seq_length, onnx.keep) for t in texts]
+    assert onnx._words.usable and cached == library == onnx.tokenize(texts)
+    on_gpu = [cut_ids(torch_encoder._words.ids(t), torch_encoder.max_seq_length, torch_encoder.keep) for t in texts]
+    assert torch_encoder._words.usable and on_gpu == library  # the torch encoder's own copy of the tokenizer
     assert (onnx.dimension, onnx.max_seq_length, onnx.pad_id) == (384, 256, 0)
     got, want = onnx.encode(texts), torch_encoder.encode(texts)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
