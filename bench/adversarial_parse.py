@@ -72,12 +72,12 @@ def main() -> None:
     args = p.parse_args()
     from esr_extproc.body_parser import BodyParser
     from esr_extproc.json_scan import scan_unread
-    from esr_extproc.request_body import parse_body
+    from esr_extproc.request_body import ReadOptions, parse_body
 
     parser = BodyParser()
 
     def parse(raw):
-        return parse_body(raw, "/v1/chat/completions", max_turns=8)
+        return parse_body(raw, "/v1/chat/completions", ReadOptions(max_turns=8))
 
     rows = []
     for name, make in SHAPES.items():

@@ -9,8 +9,8 @@ off so each is embedded; trials interleaved, each on another slice:
 
     python -m bench.cascade_gpu_bench --config build/clinc150.fitted.yaml --data ../shared/data/clinc150/val.jsonl
 
-On the CPU the cascade is `make bench-cascade` (through Envoy); this says what it buys on a GPU,
-where `static_tier.enabled: auto` leaves it off (docs/static-tier.md).
+On the CPU the cascade is `make bench-cascade` (through Envoy); this says what it buys on a GPU
+(docs/static-tier.md, "On a GPU").
 """
 
 from __future__ import annotations

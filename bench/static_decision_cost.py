@@ -6,7 +6,7 @@ CPU's caches flushed before each step (an 8 MiB buffer written between prompts).
 Why flushed: behind Envoy the loop shares two cores with Envoy, wrk and gRPC's threads, which evict
 what the last request left in the caches, so each request pays for its reads from memory again.
 Through Envoy a statically decided request cost the loop ~0.23 ms more than a pinned one, where
-this harness warm said ~0.1 ms; flushed, it says ~0.15-0.2 ms (docs/static-tier.md). Each step is
+this harness warm said ~0.1 ms; flushed, it says ~0.15-0.2 ms (docs/notes/static-tier-history.md). Each step is
 timed on its own, so the flushed steps add up to more than the flushed whole (`weigh`).
 Needs a fitted config with a static tier (make clinc150).
 """

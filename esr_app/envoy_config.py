@@ -330,8 +330,8 @@ def _failover_cluster(chain: tuple[str, ...]) -> dict:
         "connect_timeout": "1s",
         "lb_policy": "CLUSTER_PROVIDED",
         # As many retries in flight as requests: each request retries one at a time. Envoy's default
-        # (3 retries in flight a cluster) failed the rest with the model's error when a model answered
-        # 429 to 16 clients at once (upstream_rq_retry_overflow, measured).
+        # (3 retries in flight a cluster) fails the rest of a burst failing over at once with the
+        # model's error (upstream_rq_retry_overflow: docs/notes/failover-history.md).
         "circuit_breakers": {"thresholds": [{"retry_budget": {"budget_percent": {"value": 100.0},
                                                               "min_retry_concurrency": 16}}]},
         "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": {

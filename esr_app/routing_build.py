@@ -55,7 +55,8 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
 def static_tier_on(config: RouterConfig) -> bool:
     """static_tier.enabled resolved: auto is on where the encoder runs in this router, on the CPU
     (ONNX) or on CUDA where the model's static table is there or can be made (its ONNX export):
-    measured on an H200, the cascade's c1 p50 was 0.08x the encoder's (docs/static-tier.md).
+    even on a GPU an encoder decision pays the batcher's and the kernel launches' fixed cost, which a
+    static decision skips (docs/static-tier.md, "On a GPU"; figures in "What it costs now").
     Behind a model process on this machine (`encoder.socket`: a pool's workers) it is on where the
     model's static table is already made: each worker reads it, none distils its own. Off with a
     remote engine, whose weights need not be the local copy's."""

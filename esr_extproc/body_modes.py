@@ -17,9 +17,42 @@ from esr_extproc.stream import RequestStream
 
 log = logging.getLogger(__name__)
 
+Answer = Callable[[RequestStream], Awaitable[pb.ProcessingResponse]]
 
-async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None,
-                       on_body: Callable[[RequestStream], Awaitable[pb.ProcessingResponse]],
+
+async def on_chunk(stream: RequestStream, chunk: pb.HttpBody, limit: int | None, on_body: Answer,
+                   on_whole: Answer) -> list[pb.ProcessingResponse]:
+    """The answers to one body message, by body mode: none yet (full duplex, until the end), the
+    decided answer once the body is whole (`on_whole`; in full duplex `on_body`), a 413 for a part
+    past what may be held, or `continue` for a part the gateway streams on. `limit`: Envoy's own
+    request limit (None: not serving yet)."""
+    stream.body.append(chunk.body)
+    stream.body_bytes += len(chunk.body)
+    if stream.duplex:
+        return await duplex_chunk(stream, chunk.end_of_stream, limit, on_body)
+    if chunk.end_of_stream or whole_before_trailers(stream):
+        answer = over_limit(stream, limit) or await on_whole(stream)
+        return [too_late_to_route(answer) if stream.unbuffered else answer]
+    refused = part_past_buffer(stream, limit)
+    if refused is not None:
+        return [refused]
+    if stream.streamed and stream.llm_call and not stream.unbuffered:
+        stream.unbuffered = True  # the body was asked for whole: the override was refused
+        refused_override()
+    return [replies.body_continue()]
+
+
+async def on_trailers(stream: RequestStream, limit: int | None, on_body: Answer) -> list[pb.ProcessingResponse]:
+    """Trailers: in full duplex they end a body still held (the decided answer, then theirs);
+    elsewhere they pass."""
+    answers = []
+    if stream.duplex and stream.held_headers is not None:
+        answers = await duplex_chunk(stream, True, limit, on_body, trailers=True)
+    passed = replies.pass_through("request_trailers")
+    return answers + [passed] if passed is not None else answers
+
+
+async def duplex_chunk(stream: RequestStream, last: bool, limit: int | None, on_body: Answer,
                        trailers: bool = False) -> list[pb.ProcessingResponse]:
     """Full duplex: chunks accumulate (nothing is answered) up to Envoy's own request limit; at
     the end the held headers answer goes back with the route, then the body, rewritten or as

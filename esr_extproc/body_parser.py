@@ -25,8 +25,7 @@ from typing import Any, Callable
 from esr_extproc.children import die_with_parent
 from esr_extproc.encodings import inflate
 from esr_extproc.json_scan import OutOfTime, scan_unread, structure
-from esr_extproc.request_body import ParsedBody, from_summary, parse_body, summarize
-from router.config import RequestsConfig
+from esr_extproc.request_body import ParsedBody, ReadOptions, from_summary, parse_body, summarize
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +60,13 @@ class BodyParser:
     def inline(self, raw: bytes) -> bool:
         return len(raw) <= self.inline_bytes and structure(raw) <= self.inline_structure
 
-    async def parse(self, raw: bytes, path: str, policy: RequestsConfig, max_turns: int = 1,
-                    deadline: float | None = None, guard: bool = False, facts: bool = False,
-                    cache: bool = False) -> ParsedBody:
+    async def parse(self, raw: bytes, path: str, read: ReadOptions = ReadOptions(),
+                    deadline: float | None = None) -> ParsedBody:
         """ParsedBody, or BadBody for an unusable body (as parse_body); ParseTimeout at `deadline`
         (time.monotonic()); ParserUnavailable when the worker cannot parse it."""
         if self.inline(raw):
-            return parse_body(raw, path, policy, max_turns, guard, facts=facts, cache=cache)
-        summary = await self._in_worker(summarize, (raw, path, policy, max_turns, guard, deadline, facts, cache),
-                                        deadline)
+            return parse_body(raw, path, read)
+        summary = await self._in_worker(summarize, (raw, path, read, deadline), deadline)
         return from_summary(raw, summary)
 
     async def scan_unread(self, raw: bytes, deadline: float | None = None) -> tuple[str | None, tuple[int, int] | None]:

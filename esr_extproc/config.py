@@ -95,12 +95,11 @@ class ServerConfig:
         late request (docs/static-tier.md#overload). With a static tier, 55% of Envoy's message
         timeout (550 ms at the default deadline): the tier decides what it is sure of even past the
         deadline, so a late request is worth reading, but one read later is answered after the
-        p99 the cascade keeps (c512, the trained table, 3 trials: 600 ms p99 661-669 ms, 550 ms
-        601-638 ms, goodput the same). Without one, 70% of the deadline (350 ms):
-        a request read later has too little of its budget left for the encoder, and would cost a
-        parse only to fall back to the default route, where a shed one goes too (at c512 on two
-        cores, encoder only: goodput 216-225 req/s at 350 ms against 101-164 at 600 ms; 250 ms
-        shed more and routed 180-214)."""
+        p99 the cascade keeps (a later wait raised the p99 at the same goodput). Without one, 70%
+        of the deadline (350 ms): a request read later has too little of its budget left for the
+        encoder, and would cost a parse only to fall back to the default route, where a shed one
+        goes too (a later wait routed less at c512, an earlier one shed more and routed less). The
+        waits measured: docs/notes/static-tier-history.md, "overload"."""
         if self.shed_wait_ms is not None:
             return self.shed_wait_ms / 1000.0
         return (0.55 * self.message_timeout_ms if static_tier else 0.7 * self.deadline_ms) / 1000.0

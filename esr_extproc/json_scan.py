@@ -41,7 +41,7 @@ def element_starts(text: str, start: int) -> list[int]:
         i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
 
 
-# Kinds a body is refused for, never routed to the default (esr_extproc.service.REFUSED): a backend
+# Kinds a body is refused for, never routed to the default (esr_extproc.body_phase.REFUSED): a backend
 # could read such a body, and read it differently from the router (a repeated or case-variant key,
 # data after the object, a charset other than UTF-8) or not at all (too deep).
 AMBIGUOUS = ("duplicate_key", "case_variant_key", "trailing_data", "not_utf8", "byte_order_mark", "too_deep")
@@ -287,6 +287,10 @@ class LazyObject(MutableMapping):
     def spans(self) -> dict[str, tuple[int, int] | None]:
         """Where each top-level member's value sits in the decoded text (None: set, not parsed)."""
         return self._spans
+
+    def decoded(self, key: str) -> bool:
+        """Whether the member has been read (decoded, or set) already."""
+        return key in self._values
 
     def byte_span(self, key: str) -> tuple[int, int] | None:
         """Where `key`'s value sits in the raw body's bytes; None when absent or set afterwards."""

@@ -118,6 +118,15 @@ class DecisionRecorder:
         self._tokens -= 1.0
         return True
 
+    def record_decision(self, ctx: RequestContext, decision: Decision, tenant: str, cache: str | None,
+                        times: tuple[float, float, float], traced: str | None = None) -> None:
+        """Queues the record of one decided request; `times`: perf_counter() when it started, when
+        its body was read and when the chain had decided (the rest is the cache's)."""
+        started, read_at, decided_at = times
+        now = time.perf_counter()
+        parts = {"read": read_at - started, "filters": decided_at - read_at, "cache": now - decided_at}
+        self.record(decision_record(ctx, decision, tenant, cache, now - started, parts, traced), ctx.turns)
+
     def record(self, fields: dict[str, Any], texts: tuple[str, ...] = ()) -> None:
         """Queues one record (`texts` kept only where prompts are asked for); never blocks."""
         line = {"time": round(time.time(), 6), **fields}

@@ -89,13 +89,22 @@ def _check_names(data: Mapping[str, Any], path: str, tools: bool) -> None:
                 _exact_names(tool.get("function"))
 
 
-def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-               guard: bool = False, deadline: float | None = None, facts: bool = False,
-               cache: bool = False) -> ParsedBody:
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a body is read for, beyond its model and the turns to route on."""
+
+    policy: RequestsConfig = _DEFAULT_POLICY  # which turns, how much of them (requests.*)
+    max_turns: int = 1  # the conversation's user turns read (conversation.turns_read)
+    guard: bool = False  # also the guard's pieces
+    facts: bool = False  # also what rules read (request_facts)
+    cache: bool = False  # also the response cache's view (CacheView)
+
+
+def parse_body(raw: bytes, path: str, read: ReadOptions = ReadOptions(), deadline: float | None = None) -> ParsedBody:
     """Strict UTF-8, one JSON object, no repeated key anywhere (every member is checked here, so
     no component reading one later meets a repeat); members are kept decoded only once read (see
-    LazyObject). `guard`: also the guard's pieces; `facts`: also what rules read (request_facts);
-    `cache`: also the response cache's view (CacheView)."""
+    LazyObject); what else is read, by `read`. Past `deadline` (time.monotonic()), OutOfTime."""
+    policy, max_turns, guard, facts, cache = read.policy, read.max_turns, read.guard, read.facts, read.cache
     text = utf8_text(raw)
     try:
         decoded: dict[str, Any] = {}
@@ -112,7 +121,7 @@ def parse_body(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, 
         for key, value_span in spans.items():  # checked and dropped: decoded again if read
             # Only an object can repeat a key: a member with none (a string, numbers, an array of
             # them) is passed at memchr speed, not built.
-            if key not in data._values and value_span is not None and text.find("{", *value_span) >= 0:
+            if not data.decoded(key) and value_span is not None and text.find("{", *value_span) >= 0:
                 decode_value(text, *value_span)
         view = cache_view(text, data, policy.prompt_max_tokens) if cache else None
     except DuplicateKey as dup:
@@ -140,10 +149,8 @@ class BodySummary:
     cache: CacheView | None
 
 
-def summarize(raw: bytes, path: str, policy: RequestsConfig = _DEFAULT_POLICY, max_turns: int = 1,
-              guard: bool = False, deadline: float | None = None, facts: bool = False,
-              cache: bool = False) -> BodySummary:
-    parsed = parse_body(raw, path, policy, max_turns, guard, deadline, facts, cache)
+def summarize(raw: bytes, path: str, read: ReadOptions, deadline: float | None = None) -> BodySummary:
+    parsed = parse_body(raw, path, read, deadline)
     return BodySummary(parsed.model, parsed.turns, parsed.model_span, parsed.data.spans, parsed.guard, parsed.facts,
                        parsed.truncated, parsed.cache)
 

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from esr_cache.exchange import CacheView
 from esr_extproc import metrics
 from esr_extproc.body_parser import BodyParser, ParserUnavailable, ParseTimeout
+from esr_extproc.request_body import ReadOptions
 from esr_extproc.body_rewrite import WireBody
 from esr_extproc.serving import Serving
 from filters.context import RequestContext
@@ -55,9 +56,10 @@ async def read_request(bodies: BodyParser, path: str, headers: dict[str, str], r
             ctx.unread = "body_too_large"
             ctx.requested_model, wire.model_span = await bodies.scan_unread(raw, deadline)
             return read
-        parsed = await bodies.parse(raw, path, settings.requests, engine.config.conversation.turns_read, deadline,
-                                    chain.reads_all_text, engine.rules.reads_facts or engine.models.reads_facts or facts,
-                                    cache=cache)
+        wants_facts = engine.rules.reads_facts or engine.models.reads_facts or facts
+        read_for = ReadOptions(settings.requests, engine.config.conversation.turns_read, chain.reads_all_text,
+                               wants_facts, cache)
+        parsed = await bodies.parse(raw, path, read_for, deadline)
     except ParseTimeout:
         # Not read by the deadline (a costly shape, a busy parser).
         metrics.BAD_REQUESTS.labels("parse_timeout").inc()

@@ -13,6 +13,7 @@ from esr_extproc.headers import CHAIN, CONFIDENCE, MODEL_AT, REASON, ROUTE, SCOR
 from esr_extproc.serving import ServiceSettings
 from filters.builtin import openai_error
 from filters.context import ImmediateReply, RequestContext
+from router import capabilities
 from router.classifier import Decision
 from router.metrics import child
 
@@ -23,6 +24,14 @@ def refusal(status: int, message: str, code: str) -> pb.ProcessingResponse:
     """An OpenAI-style error straight from the gateway; the request reaches no backend."""
     metrics.REQUESTS.labels("rejected").inc()
     return replies.immediate(openai_error(status, message, code), {})
+
+
+def unservable(decision: Decision) -> pb.ProcessingResponse | None:
+    """A 400 for a decision no configured model may serve (router/capabilities.py); None otherwise."""
+    if decision.route != capabilities.REFUSED:
+        return None
+    metrics.BAD_REQUESTS.labels("no_capable_model").inc()
+    return refusal(400, capabilities.refusal_message(decision), "no_capable_model")
 
 
 def shed_refusal(why: str) -> pb.ProcessingResponse:

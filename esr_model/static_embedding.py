@@ -1,7 +1,7 @@
 """A static embedding distilled from the serving encoder: one vector per vocabulary token, so a text
 embeds as the mean of its tokens' vectors, with no transformer (router/static_tier.py routes on it).
 
-How it is made (model2vec's method, measured on CLINC150 in docs/static-tier.md): every token runs
+How it is made (model2vec's method, measured on CLINC150: docs/notes/static-tier-history.md): every token runs
 through the encoder's ONNX export alone between [CLS] and [SEP]; the vectors are centred, reduced to
 `DIMENSIONS` by PCA, and scaled by a Zipf estimate of how rare the token is (frequent tokens say
 least; WordPiece vocabularies are roughly in frequency order). ONNX Runtime only: no torch, no data.

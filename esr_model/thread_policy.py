@@ -23,7 +23,7 @@ def model_cpus(budget_cpus: int, front_end_cpus: int = 0) -> int:
     """The CPUs the model's threads may use: the process's budget less those kept for a front end
     that works beside the model on every request (the static tier decides most requests on the
     event loop: on 2 cores, one model thread gave the cascade 1.13x the routed req/s at 0.87x
-    the CPU per request of the tuner's choice, docs/static-tier.md), never fewer than one."""
+    the CPU per request of the tuner's choice, docs/notes/static-tier-history.md), never fewer than one."""
     return max(1, budget_cpus - front_end_cpus)
 
 

@@ -4,7 +4,7 @@ checks any ASCII text against it).
 
 Why: the static tier tokenizes on the event loop, and the library's call cost ~25 µs a prompt alone
 and more beside the router's other threads (it releases the GIL, and takes it back behind them):
-~12% of a static decision's time in the router (docs/static-tier.md). Words repeat, so a cache of
+a large share of a static decision's time in the router (docs/notes/static-tier-history.md). Words repeat, so a cache of
 their pieces makes a prompt a lowercase, a regex split and some dict lookups. Text it cannot vouch
 for (not ASCII, control characters, a special token's text) goes to the library, as does a
 tokenizer that is not BERT's normalizer, pre-tokenizer and WordPiece.

@@ -116,7 +116,9 @@ class FilterChain:
 async def _by(step: Awaitable[None], deadline: float) -> None:
     """Awaits `step`, running it at once: only where it has to wait does it wait under a timer that
     ends it at `deadline` (TimeoutError). Most requests never wait (a pinned model, a static
-    decision), and a timer per request was ~5% of the router's Python on that path. The same as
+    decision), and a timer per request (a `Timeout` and a handle pushed on the loop's heap, then
+    cancelled) was a visible share of the router's Python on that path (docs/notes/static-tier-history.md,
+    "the front end's own cost"). The same as
     `async with asyncio.timeout_at(deadline): await step`: a timer fires only at a wait anyway."""
     it = step.__await__()
     try:

@@ -243,8 +243,9 @@ class StaticTierConfig:
     """The cascade's first tier (router/static_tier.py): a static embedding distilled from the encoder
     decides the prompts it is sure of, the encoder the rest. Its values are on the classifier's scale."""
 
-    # auto: on where the encoder runs in this router on the CPU (on CUDA a batch costs the
-    # transformer little, and the tier's accuracy would buy nothing: docs/static-tier.md).
+    # auto: on where the encoder runs in this router (CPU, or CUDA where the model's static table
+    # can be made) or behind a local model process whose table is made; off with a remote engine
+    # (esr_app.routing_build.static_tier_on, docs/static-tier.md).
     enabled: bool | Literal["auto"] = "auto"
     head_path: str | None = None  # classifier.method head: the static tier's head (fit); None: trained on the utterances
     # classifier.method head: the rows of the static table fit trained on the examples (over the
@@ -264,8 +265,9 @@ class StaticTierConfig:
     min_similarity: float | None = None
     # Where the encoder cannot answer (the batcher overloaded or late, the model process away, the
     # model failed): guess, the route the static tier chooses for the request even below its margin,
-    # under the fallback's reason (CLINC150 val, the prompts the cascade leaves to the encoder:
-    # right 79% of the time, where the default route is right 8%); default: the default route.
+    # under the fallback's reason (right far more often than the default route on the prompts the
+    # cascade leaves to the encoder: docs/notes/static-tier-history.md, "when the tier decides, and
+    # the guess"); default: the default route.
     fallback: Literal["guess", "default"] = "guess"
 
     def __post_init__(self):

@@ -51,10 +51,10 @@ class GuardScorer:
 
 
 # The most the screen embeds on the event loop for one request; a request with more goes to the
-# encoder, as without a screen. A piece costs ~25 us (its tokens, a gather, a mean): at these
-# bounds, at most ~0.5 ms (16 pieces splitting 2 KiB; one 2 KiB piece ~0.2 ms). Of CLINC150 val +
-# SGD dev's requests, 52% are screened within them, 70% would be without (a long conversation's
-# many pieces: docs/static-tier.md#the-guards-static-screen).
+# encoder, as without a screen. Each piece costs the loop its tokens, a gather and a mean, so the
+# bounds keep a request's screen well under a millisecond, at the price of leaving a long
+# conversation's many pieces to the encoder (docs/static-tier.md#the-guards-static-screen; the
+# cost at these bounds and the share screened within them: docs/notes/static-tier-history.md).
 SCREEN_MAX_PIECES = 16
 SCREEN_MAX_CHARS = 2048
 

@@ -48,8 +48,9 @@ def own_turn_lead(classifier: RouteClassifier, scores: np.ndarray, gate: float |
     """For one request's routed texts (rows of `scores`, oldest first): the route the static tier
     would decide, and by how much it leads (margins); -1 where it leaves the request to the encoder
     whatever the margin: the default route, or a route carried from an earlier turn (whether the
-    request's own turn names nothing or a new topic is the encoder's call; SGD dev: static context
-    decisions cost the cascade 0.005). Serving and fit apply the same rule through this."""
+    request's own turn names nothing or a new topic is the encoder's call: static context decisions
+    cost the cascade accuracy, docs/notes/static-tier-history.md). Serving and fit apply the same
+    rule through this."""
     turn, choice = deciding_turn(classifier, scores, gate)
     if choice < 0 or turn != len(scores) - 1:
         return -1, 0.0
@@ -112,8 +113,8 @@ class StaticTier:
         self.classifier = static_classifier(config, encode, head)
         # A route with no fitted margin is the encoder's. The default route always is: telling a
         # prompt that belongs nowhere from one the static head knows too little of is what the
-        # transformer is for (a static default decision was right 34% of the time on a CLINC150
-        # slice where the encoder's were right 100%); own_turn_lead never offers it.
+        # transformer is for (static default decisions were far less often right than the encoder's:
+        # docs/benchmarks.md, "The cascade"); own_turn_lead never offers it.
         self.accept = route_accepts(config).tolist()  # read as floats, as own_turn_lead's lead is
         self.gate = config.conversation.gate
         self.fallback_guess = config.static_tier.fallback == "guess"

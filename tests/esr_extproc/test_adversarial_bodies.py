@@ -11,7 +11,7 @@ import pytest
 from bench.adversarial_parse import SHAPES, cpu_ms
 from esr_extproc.body_parser import BodyParser, ParseTimeout
 from esr_extproc.json_scan import MAX_DEPTH, BadBody, scan_unread
-from esr_extproc.request_body import parse_body
+from esr_extproc.request_body import ReadOptions, parse_body
 from router.config import RequestsConfig
 
 CHAT = "/v1/chat/completions"
@@ -22,7 +22,7 @@ def test_parse_work_grows_linearly_with_size(shape):
     # 16x the bytes may cost at most ~3x as much per byte (cache effects), far from the 16x per
     # byte of a quadratic scan: finding the repeat among 34,000 keys took 45.6 s before.
     small, large = SHAPES[shape](32 * 1024), SHAPES[shape](512 * 1024)
-    for fn in (lambda raw: parse_body(raw, CHAT, RequestsConfig(), 8), scan_unread):
+    for fn in (lambda raw: parse_body(raw, CHAT, ReadOptions(RequestsConfig(), 8)), scan_unread):
         per_byte_small = max(cpu_ms(fn, small), 0.2) / len(small)
         per_byte_large = cpu_ms(fn, large) / len(large)
         assert per_byte_large < 3 * per_byte_small, (shape, per_byte_small, per_byte_large)
@@ -86,10 +86,10 @@ def test_a_parse_that_outlives_its_deadline_falls_back_and_frees_the_worker_at_o
             first = await parser.start()
             tick = asyncio.create_task(ticker())
             with pytest.raises(ParseTimeout):
-                await parser.parse(slow, CHAT, RequestsConfig(), 8, deadline=time.monotonic() + 0.3)
+                await parser.parse(slow, CHAT, ReadOptions(RequestsConfig(), 8), deadline=time.monotonic() + 0.3)
             # The scan stopped itself at the deadline: the next large body does not queue behind the
             # ~1.7 s of work left (its own deadline would pass first), and the worker lives on.
-            parsed = await parser.parse(ordinary_large, CHAT, RequestsConfig(), 8, deadline=time.monotonic() + 1.5)
+            parsed = await parser.parse(ordinary_large, CHAT, ReadOptions(RequestsConfig(), 8), deadline=time.monotonic() + 1.5)
             tick.cancel()
             assert parsed.turns and parsed.turns[-1] == "a"
             assert await parser.start() == first

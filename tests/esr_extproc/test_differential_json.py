@@ -5,7 +5,7 @@ after the object, member names in another case, repeated members, invalid UTF-8,
 are read by the router and by readers with two backends' rules: Python's `json.loads` on the raw
 bytes (FastAPI, vLLM) and Go's `encoding/json` Decoder (case-insensitive struct fields, last match
 wins; invalid UTF-8 and lone surrogates read as U+FFFD; data after the first value ignored). Every
-body is either refused by the router (service.REFUSED), or read by it exactly as each backend that
+body is either refused by the router (body_phase.REFUSED), or read by it exactly as each backend that
 reads it does, or read by no backend at all (the router then routes it unread, and a guard decides
 it by its on_error)."""
 
@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from esr_extproc.json_scan import BadBody, fold
-from esr_extproc.request_body import parse_body
+from esr_extproc.request_body import ReadOptions, parse_body
 from router.llm_body import content_text, well_formed
-from esr_extproc.service import REFUSED
+from esr_extproc.body_phase import REFUSED
 
 PATH = "/v1/chat/completions"
 Unreadable = None  # what a reader gives for a body it refuses
@@ -85,7 +85,7 @@ BACKENDS = {"python": python_backend, "go": go_backend}
 def router(raw: bytes):
     """"refused", "unread" (routed without reading: no backend may read it), or the router's view."""
     try:
-        parsed = parse_body(raw, PATH, guard=True)
+        parsed = parse_body(raw, PATH, ReadOptions(guard=True))
     except BadBody as bad:
         return "refused" if bad.kind in REFUSED else "unread"
     return view(dict(parsed.data)) if isinstance(parsed.data.get("messages"), list) else "unread"
@@ -196,5 +196,5 @@ def test_each_mutation_is_refused_where_backends_would_disagree():
 
 
 def test_a_lone_surrogate_is_read_as_backends_and_the_tokenizer_take_it():
-    parsed = parse_body(b'{"messages": [{"role": "user", "content": "ignore \\ud800 all"}]}', PATH, guard=True)
+    parsed = parse_body(b'{"messages": [{"role": "user", "content": "ignore \\ud800 all"}]}', PATH, ReadOptions(guard=True))
     assert parsed.turns == ("ignore \ufffd all",) and "ignore \ufffd all" in parsed.guard

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esr_extproc.json_scan import AMBIGUOUS, BadBody, fold, scan_unread, value_at, with_members
-from esr_extproc.request_body import READ_NAMES, parse_body
+from esr_extproc.request_body import READ_NAMES, ReadOptions, parse_body
 from router.config import RequestsConfig
 from tests.support.extproc import Harness, body_msg, raw_headers_msg
 
@@ -38,7 +38,7 @@ paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/respons
 @settings(max_examples=400, deadline=None)
 def test_parser_returns_or_raises_badbody_only(raw, path, turns, system):
     try:
-        parsed = parse_body(raw, path, RequestsConfig(prompt_turns=turns, include_system=system))
+        parsed = parse_body(raw, path, ReadOptions(RequestsConfig(prompt_turns=turns, include_system=system)))
     except BadBody as bad:
         assert bad.kind in {"empty", "not_json", "not_object", "bad_model", *AMBIGUOUS}
         return

@@ -8,7 +8,7 @@ import pytest
 
 from esr_extproc import json_scan
 from esr_extproc.json_scan import BadBody
-from esr_extproc.request_body import parse_body
+from esr_extproc.request_body import ReadOptions, parse_body
 from router.config import RequestsConfig
 from tests.support.waiting import wait_for
 
@@ -99,10 +99,10 @@ def test_prompt_policy_turns_system_and_cap():
         {"role": "user", "content": "second"},
         {"role": "user", "content": "third"},
     ]}
-    assert parse_body(body(convo), CHAT, RequestsConfig(prompt_turns=2)).turns[-1] == "second\nthird"
-    assert parse_body(body(convo), CHAT, RequestsConfig(include_system=True)).turns[-1] == "You are a maths tutor.\nthird"
+    assert parse_body(body(convo), CHAT, ReadOptions(RequestsConfig(prompt_turns=2))).turns[-1] == "second\nthird"
+    assert parse_body(body(convo), CHAT, ReadOptions(RequestsConfig(include_system=True))).turns[-1] == "You are a maths tutor.\nthird"
     long = {"model": "auto", "messages": [{"role": "user", "content": "x" * 100 + "END"}]}
-    capped = parse_body(body(long), CHAT, RequestsConfig(prompt_max_tokens=8)).turns[-1]
+    capped = parse_body(body(long), CHAT, ReadOptions(RequestsConfig(prompt_max_tokens=8))).turns[-1]
     assert capped.endswith("END") and len(capped) == 64  # twice the estimate, in characters
 
 
@@ -112,9 +112,9 @@ def test_anthropic_system_and_responses_instructions():
     policy = RequestsConfig(include_system=True)
     anthropic = {"model": "auto", "system": [{"type": "text", "text": "be terse"}],
                  "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
-    assert parse_body(body(anthropic), "/v1/messages", policy).turns[-1] == "be terse\nhello"
+    assert parse_body(body(anthropic), "/v1/messages", ReadOptions(policy)).turns[-1] == "be terse\nhello"
     responses = {"model": "auto", "instructions": "answer in French", "input": "hi"}
-    assert parse_body(body(responses), "/v1/responses", policy).turns[-1] == "answer in French\nhi"
+    assert parse_body(body(responses), "/v1/responses", ReadOptions(policy)).turns[-1] == "answer in French\nhi"
 
 
 @pytest.mark.processes
@@ -130,13 +130,13 @@ def test_large_bodies_parse_in_a_worker_process_with_the_same_outcome():
     async def main():
         parser = BodyParser(inline_bytes=1024)
         try:
-            parsed = await parser.parse(good, "/v1/chat/completions", RequestsConfig())
+            parsed = await parser.parse(good, "/v1/chat/completions", ReadOptions(RequestsConfig()))
             assert parser._pool is not None  # it went to the worker
             inline = parse_body(good, "/v1/chat/completions")
             assert (parsed.model, parsed.turns, parsed.model_span) == (inline.model, inline.turns, inline.model_span)
             assert parsed.data["x"][0] == 1250.0 and list(parsed.data) == ["model", "x", "messages"]
             with pytest.raises(BadBody) as bad:  # the kind crosses the process boundary
-                await parser.parse(dup, "/v1/chat/completions", RequestsConfig())
+                await parser.parse(dup, "/v1/chat/completions", ReadOptions(RequestsConfig()))
             assert bad.value.kind == "duplicate_key"
         finally:
             parser.close()
@@ -171,14 +171,14 @@ def test_the_worker_process_starts_before_the_first_large_body_and_is_replaced_w
             pid = await parser.start()
             assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
             pool = parser._pool
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", ReadOptions(RequestsConfig()))).turns[-1] == "solve 2x = 4"
             assert parser._pool is pool  # the started worker took it
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: not _running(pid), 10, "the killed worker gone", interval=0.01)
             # The worker died: a new one takes this body (never the event loop).
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", ReadOptions(RequestsConfig()))).turns[-1] == "solve 2x = 4"
             assert parser._pool is not None and parser._pool is not pool
-            assert (await parser.parse(large, "/v1/chat/completions", RequestsConfig())).turns[-1] == "solve 2x = 4"
+            assert (await parser.parse(large, "/v1/chat/completions", ReadOptions(RequestsConfig()))).turns[-1] == "solve 2x = 4"
         finally:
             parser.close()
 
@@ -215,7 +215,7 @@ REMINDER = "<system-reminder>\nThe user opened utils.py. Todo list: empty.\n</sy
 
 
 def turns(obj, path=CHAT, max_turns=8, **policy):
-    return parse_body(body(obj), path, RequestsConfig(**policy), max_turns).turns
+    return parse_body(body(obj), path, ReadOptions(RequestsConfig(**policy), max_turns)).turns
 
 
 def test_openai_chat_agent_loop_reads_user_turns_only():
@@ -256,7 +256,7 @@ def test_responses_items_read_user_messages_only():
         {"type": "message", "role": "user", "content": "<environment_details>cwd: /src</environment_details>try Bergen"},
     ]}
     assert turns(obj, "/v1/responses") == ("find flights to Oslo", "try Bergen")
-    system = parse_body(body(obj), "/v1/responses", RequestsConfig(include_system=True)).turns[-1]
+    system = parse_body(body(obj), "/v1/responses", ReadOptions(RequestsConfig(include_system=True))).turns[-1]
     assert system == "be brief\nharness rules\ntry Bergen"
 
 

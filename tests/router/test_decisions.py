@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from esr_extproc.json_scan import with_members
-from esr_extproc.request_body import parse_body
+from esr_extproc.request_body import ReadOptions, parse_body
 from router.llm_body import capped, estimate_tokens, request_facts
 from router.calibration import Calibrator, CalibrationConfig
 from router.classifier import RouteClassifier
@@ -118,7 +118,7 @@ def test_capped_keeps_the_part_it_is_told_to():
     assert not parsed.truncated
     from router.config import RequestsConfig
     assert parse_body(json.dumps({"messages": [{"role": "user", "content": text}]}).encode(), CHAT,
-                      RequestsConfig(prompt_max_tokens=8)).truncated
+                      ReadOptions(RequestsConfig(prompt_max_tokens=8))).truncated
 
 
 def test_logistic_calibration_recovers_probabilities_and_ranks():

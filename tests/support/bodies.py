@@ -7,13 +7,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from esr_extproc.request_body import CacheView, parse_body
+from esr_extproc.request_body import CacheView, ReadOptions, parse_body
 from router.config import RequestsConfig
 
 
 def cache_view_of(body: Mapping[str, Any], path: str = "/v1/chat/completions",
                   policy: RequestsConfig = RequestsConfig()) -> CacheView:
     """The view the server makes of `body` sent as compact JSON."""
-    view = parse_body(json.dumps(body, separators=(",", ":")).encode(), path, policy, cache=True).cache
+    view = parse_body(json.dumps(body, separators=(",", ":")).encode(), path, ReadOptions(policy, cache=True)).cache
     assert view is not None
     return view
