@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import gc
 import os
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from batching import BatcherSettings, ContinuousBatcher, Overloaded
+from batching import BatcherSettings, ContinuousBatcher
 from bench.report import emit, latency_stats
 from bench.workloads import WORKLOADS
+from bench.harness import closed_loop, median_row, open_loop
 from esr_config import EncoderConfig
 from esr_model.encoder import SentenceEncoder
 from esr_model.torch_threads import on_own_thread
@@ -74,85 +74,6 @@ def single_latency(enc: SentenceEncoder, texts: list[str], n: int = 100) -> dict
         enc.embed(enc.tokenize([t]))
         lat.append(time.perf_counter() - t0)
     return latency_stats(lat)
-
-
-class Failures:
-    """Requests that got no embedding: `refused`, the batcher's own answer to more than it holds
-    (Overloaded: its queue full, or a predicted miss), which an open loop offered near a ceiling
-    measured at a quieter moment meets on a shared machine; `errors`, anything else."""
-
-    def __init__(self) -> None:
-        self.refused = self.errors = 0
-
-    def count(self, exc: Exception) -> None:
-        if isinstance(exc, Overloaded):
-            self.refused += 1
-        else:
-            self.errors += 1
-
-    def row(self) -> dict:
-        return {"errors": self.errors, "refused": self.refused}
-
-
-async def closed_loop(submit, texts: list[str], concurrency: int, total: int) -> dict:
-    """`concurrency` clients, each sending its next request as soon as the last is answered."""
-    next_index = 0
-    latencies: list[float] = []
-    failed = Failures()
-
-    async def client():
-        nonlocal next_index
-        while next_index < total:
-            text = texts[next_index % len(texts)]
-            next_index += 1
-            t0 = time.perf_counter()
-            try:
-                await submit(text)
-                latencies.append(time.perf_counter() - t0)
-            except Exception as exc:  # counted, not fatal: the report shows them
-                failed.count(exc)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - t0
-    return {"throughput_rps": round(len(latencies) / elapsed, 1), **latency_stats(latencies), **failed.row()}
-
-
-async def open_loop(submit, texts: list[str], rate: float, duration: float, seed: int = 7) -> dict:
-    """Poisson arrivals at `rate` req/s for `duration` s, whatever the server's speed."""
-    rng = random.Random(seed)
-    latencies: list[float] = []
-    failed = Failures()
-
-    async def one(text):
-        t0 = time.perf_counter()
-        try:
-            await submit(text)
-            latencies.append(time.perf_counter() - t0)
-        except Exception as exc:
-            failed.count(exc)
-
-    tasks = []
-    start = time.perf_counter()
-    at = 0.0
-    i = 0
-    while at < duration:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(texts[i % len(texts)])))
-        i += 1
-        at += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
-    return {"throughput_rps": round(len(latencies) / elapsed, 1), **latency_stats(latencies), **failed.row(),
-            "offered_rps": round(rate, 1)}
-
-
-def median_row(trials: list[dict]) -> dict:
-    """The trial with the median throughput, plus every trial's throughput for the record."""
-    ordered = sorted(trials, key=lambda r: r["throughput_rps"])
-    return {**ordered[len(ordered) // 2], "trials_rps": [r["throughput_rps"] for r in trials]}
 
 
 async def run_workload(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cache_study import FIXED, SHARED
+from bench.workloads import FIXED, SHARED
 from bench.report import emit
 from esr_app.quality_cli import offline
 from esr_config import load_config

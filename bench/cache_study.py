@@ -29,6 +29,7 @@ import random
 import numpy as np
 
 from bench.report import emit
+from bench.workloads import FIXED, SHARED
 from esr_app.quality_cli import offline
 from esr_cache.config import CacheConfig
 from esr_cache.keys import scope_key
@@ -39,11 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SHARED = ROOT.parent / "shared" / "data"
 SEMANTIC_ROUTES = ("small_talk",)
-FIXED = {"are_you_a_bot", "do_you_have_pets", "goodbye", "greeting", "how_old_are_you", "meaning_of_life",
-         "tell_joke", "thank_you", "what_are_your_hobbies", "what_can_i_ask_you", "what_is_your_name",
-         "where_are_you_from", "who_do_you_work_for", "who_made_you"}
 THRESHOLDS = (0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.92, 0.95)
 
 

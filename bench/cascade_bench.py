@@ -23,9 +23,10 @@ import os
 from pathlib import Path
 
 from bench.harness import launch_router
-from bench.frontend_bench import tree_cpu
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import tree_cpu
+from bench.harness import run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
+from bench.harness import ROUTED, split_tallies, wrk_script
 from devstack.stack import free_port
 from esr_config import load_config
 from esr_settings import dump, replace_at
@@ -35,42 +36,8 @@ VARIANTS = {"cascade": {"static_tier.enabled": True}, "encoder_only": {"static_t
 # The encoder tier in int8 (encoder.precision, where this CPU computes it exactly: docs/benchmarks.md),
 # against the same fp32 encoder alone: another lever, reported beside the cascade, never instead.
 INT8 = {"cascade_int8": {"static_tier.enabled": True, "encoder.precision": "int8"}}
-ROUTED = ("matched", "default", "low_confidence")
 COLUMNS = ("variant", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request",
            "static_share", "guessed_share", "fallback_timeout_share", "unrouted_passes")
-_PROMPT_LINE = "  local p = string.format(prompts[(counter % #prompts) + 1], counter)"
-
-
-def wrk_script(texts: list[str]) -> str:
-    """WRK_SCRIPT on `texts`: each request one of them as written (a suffix would be routed on too,
-    and no held-out prompt carries one), the body unique across threads and runs by its `user`
-    member; answers tallied by reason and by tier. Both caches are off, so a text met again costs
-    what it cost the first time."""
-    # JSON-escaped (they go into the body as they are), in Lua long brackets (no Lua escapes).
-    table = "local prompts = {" + ", ".join(f"[==[{json.dumps(t)[1:-1]}]==]" for t in texts) + "}\n"
-    script = WRK_SCRIPT.split("local counter", 1)[1]
-    script = table + "local counter" + script.replace(
-        _PROMPT_LINE, "  local p = prompts[(counter % #prompts) + 1]").replace(
-        ' .. " #" .. tid .. "-" .. counter', "").replace(
-        """'{"model":"auto","messages":""", """'{"model":"auto","user":"' .. tid .. '-' .. counter .. '","messages":""")
-    # Tiers tallied as reasons of their own: "tier_static", "tier_encoder"; "guessed": a fallback the
-    # static tier's guess routed (also counted under tier_static).
-    return script.replace('  reasons[r] = (reasons[r] or 0) + 1',
-                          '  reasons[r] = (reasons[r] or 0) + 1\n'
-                          '  local t = headers["x-semantic-route-tier"]\n'
-                          '  if t then reasons["tier_" .. t] = (reasons["tier_" .. t] or 0) + 1 end\n'
-                          '  if t == "static" and r:sub(1, 9) == "fallback_" then '
-                          'reasons["guessed"] = (reasons["guessed"] or 0) + 1 end')
-
-
-def split_tallies(row: dict, seconds: float) -> tuple[dict[str, int], int, int]:
-    """run_wrk's `row` on wrk_script: the tier tallies taken out of its reasons, and its throughput
-    set from the answers alone (run_wrk counted the tallies as answers too) -> (tiers, guessed, answers)."""
-    tiers = {k: row["reasons"].pop(k) for k in list(row["reasons"]) if k.startswith("tier_")}
-    guessed = row["reasons"].pop("guessed", 0)
-    answers = sum(row["reasons"].values())
-    row["throughput_rps"] = round(answers / seconds, 1)
-    return tiers, guessed, answers
 
 
 def main() -> None:

@@ -22,20 +22,18 @@ import argparse
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.batcher_bench import closed_loop, median_row
+from bench.harness import closed_loop, median_row
 from bench.harness import ExtProcClient, start_router
 from bench.report import emit
 from bench.workloads import short_prompts
+from bench.harness import NEIGHBOURS, cpu_quota, neighbour
 
 ENCODER: dict = {}  # encoder settings every router of the run gets (--backend, --torchscript)
 SERVING = {"cascade": False}  # --cascade: every router of the run serves the default config's static tier
-CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 FALLBACKS = ("fallback_timeout", "fallback_overload", "fallback_error", "fallback_shutdown")
 
 
@@ -57,43 +55,6 @@ async def bursts(client: ExtProcClient, seed: int, n_bursts: int, size: int, con
         "fallback_share": round(fallbacks / total, 4) if total else None,
         "reasons": dict(client.reasons),
     }
-
-
-NEIGHBOURS = {"pinned": [0], "unpinned1": [None], "unpinned2": [None, None]}
-
-
-@contextlib.contextmanager
-def neighbour(kind: str = "pinned"):
-    """Python busy loops (what a CPU-bound sidecar or batch job does), each pinned to its core or
-    left to the scheduler (None)."""
-    procs = [subprocess.Popen([sys.executable, "-c", ("" if core is None else f"import os; os.sched_setaffinity(0, {{{core}}})\n")
-                               + "while True: pass"]) for core in NEIGHBOURS[kind]]
-    try:
-        time.sleep(0.3)
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def cpu_quota(cpus: float):
-    """A child cgroup (v1 `cpu`) holding `cpus` CPUs' worth of CFS quota; removed on exit."""
-    if not (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
-        raise SystemExit(f"the quota scenario needs the cgroup v1 cpu controller at {CGROUP_V1_CPU}")
-    group = CGROUP_V1_CPU / f"semantic-router-bench-{os.getpid()}"
-    group.mkdir(exist_ok=True)
-    period = 100_000
-    (group / "cpu.cfs_period_us").write_text(str(period))
-    (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
-    try:
-        yield group
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (CGROUP_V1_CPU / "cgroup.procs").write_text(pid)
-        group.rmdir()
 
 
 @contextlib.asynccontextmanager

@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.contention_bench import cpu_quota, neighbour
+from bench.harness import cpu_quota, neighbour
 from bench.harness import ExtProcClient, launch_router
-from bench.overload_bench import scrape
+from bench.harness import scrape
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, Stack, StackPorts, free_port
 from esr_config import load_config

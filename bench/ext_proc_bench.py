@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from bench.batcher_bench import closed_loop, open_loop
+from bench.harness import closed_loop, open_loop
 from bench.harness import ExtProcClient, start_router
 from bench.report import emit
 from bench.workloads import WORKLOADS

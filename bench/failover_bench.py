@@ -21,7 +21,7 @@ import argparse
 import os
 from pathlib import Path
 
-from bench.overload_bench import WRK_SCRIPT, run_wrk, wrk_workdir
+from bench.harness import WRK_SCRIPT, run_wrk, wrk_workdir
 from bench.report import emit
 from devstack.stack import stack_with
 

@@ -19,99 +19,12 @@ import argparse
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import yaml
 
-from bench.overload_bench import run_wrk, scrape, start_direct_envoy, wrk_workdir
+from bench.harness import run_wrk, wrk_workdir
 from bench.report import emit
-from devstack.stack import ROOT, free_port
-
-PINNED_SCRIPT = r"""
-local body = '{"model":"code-model","messages":[{"role":"user","content":"write a python function that sorts a list"}]}'
-local threads = {}
-function setup(thread) table.insert(threads, thread) end
-function init(args) reasons = {} end
-function request() return wrk.format("POST", "/v1/chat/completions", {["content-type"] = "application/json"}, body) end
-"""
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system, all threads) of `root` and every process below it."""
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICK
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo += [p for p, pp in parent.items() if pp == pid]
-    return total
-
-
-class Gateway:
-    """One router (pool or single process) and its Envoy."""
-
-    def __init__(self, name: str, workdir: Path, workers: int, socket: str | None):
-        self.name, self.workers = name, workers
-        config = yaml.safe_load((ROOT / "router.yaml").read_text())
-        config["cache_size"] = 0
-        config["static_tier"] = {"enabled": False}  # the full path is the embedding path: every prompt reaches the model
-        config["server"]["workers"] = workers  # Envoy's config is rendered for a pool of this size
-        if socket is not None:
-            config["encoder"]["socket"] = socket
-        cfg = workdir / f"{name}.yaml"
-        cfg.write_text(yaml.safe_dump(config))
-        self.grpc, self.metrics, self.listener, admin = free_port(), free_port(), free_port(), free_port()
-        self.router = subprocess.Popen(
-            [sys.executable, "-m", "esr_app", "serve", "--config", str(cfg), "--grpc-port", str(self.grpc),
-             "--metrics-port", str(self.metrics), "--workers", str(workers), "--log-level", "warning"],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        for line in self.router.stdout:
-            if line.startswith("router ready"):
-                break
-        else:
-            raise RuntimeError(f"router {name} did not start")
-        self.envoy = start_direct_envoy(workdir / f"{name}-envoy.yaml", self.grpc, self.listener, admin, cfg,
-                                        ("--concurrency", "2"))
-
-    def measure(self, path: str, script: Path, seconds: float) -> dict:
-        before = scrape(self.metrics)
-        cpu0, envoy0 = tree_cpu(self.router.pid), tree_cpu(self.envoy.pid)
-        row = run_wrk(self.listener, 64, seconds, script)
-        cpu1, envoy1 = tree_cpu(self.router.pid), tree_cpu(self.envoy.pid)
-        after = scrape(self.metrics)
-        answered = sum(row["reasons"].values())
-        streams = {k.split('"')[1]: int(after[k] - before.get(k, 0)) for k in after
-                   if k.startswith("semantic_router_ext_proc_streams_total{")}
-        batches = after.get("semantic_router_batch_size_count", 0) - before.get("semantic_router_batch_size_count", 0)
-        items = after.get("semantic_router_batch_size_sum", 0) - before.get("semantic_router_batch_size_sum", 0)
-        return {
-            "workload": path, "scenario": self.name, "workers": self.workers,
-            "throughput_rps": row["throughput_rps"], "goodput_rps": row["goodput_rps"],
-            "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"],
-            "router_cpu_ms_per_request": round(1000 * (cpu1 - cpu0) / max(1, answered), 3),
-            "envoy_cpu_ms_per_request": round(1000 * (envoy1 - envoy0) / max(1, answered), 3),
-            "mean_batch": round(items / batches, 1) if batches else None,
-            "streams_by_process": streams, "reasons": row["reasons"],
-        }
-
-    def close(self) -> None:
-        for proc in (self.envoy, self.router):
-            proc.terminate()
-        for proc in (self.envoy, self.router):
-            proc.wait(60)
+from bench.harness import Gateway, PINNED_SCRIPT
+from devstack.stack import ROOT
 
 
 def main() -> None:
@@ -125,7 +38,7 @@ def main() -> None:
     args = p.parse_args()
     workdir = wrk_workdir("frontend")
     scripts = {"pinned": workdir / "pinned.lua", "full": workdir / "full.lua"}
-    from bench.overload_bench import WRK_SCRIPT
+    from bench.harness import WRK_SCRIPT
 
     scripts["pinned"].write_text(PINNED_SCRIPT + WRK_SCRIPT[WRK_SCRIPT.index("function response"):])
     scripts["full"].write_text(WRK_SCRIPT)

@@ -15,8 +15,9 @@ import subprocess
 import sys
 
 from bench.harness import start_router
-from bench.frontend_bench import PINNED_SCRIPT, tree_cpu
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import PINNED_SCRIPT
+from bench.harness import tree_cpu
+from bench.harness import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.frontend_bench import PINNED_SCRIPT, Gateway
-from bench.overload_bench import WRK_SCRIPT, run_wrk
+from bench.harness import PINNED_SCRIPT, Gateway
+from bench.harness import WRK_SCRIPT, run_wrk
 
 
 def main() -> None:

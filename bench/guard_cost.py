@@ -18,10 +18,10 @@ import json
 import os
 from pathlib import Path
 
-from bench.cascade_bench import ROUTED, split_tallies, wrk_script
+from bench.harness import ROUTED, split_tallies, wrk_script
 from bench.harness import launch_router
-from bench.frontend_bench import tree_cpu
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import tree_cpu
+from bench.harness import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 from esr_config import load_config

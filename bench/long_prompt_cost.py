@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 
-from bench.contention_bench import neighbour
+from bench.harness import neighbour
 from bench.report import emit
 from devstack.stack import ROOT
 

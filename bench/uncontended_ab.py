@@ -23,7 +23,7 @@ ONE_TREE = r"""
 import asyncio, json, tempfile
 from pathlib import Path
 import bench.ext_proc_bench as eb
-from bench.batcher_bench import closed_loop
+from bench.harness import closed_loop
 from bench.workloads import short_prompts
 
 async def main():

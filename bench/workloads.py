@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+# The datasets beside the project (../shared/data: CLINC150, SGD; each with its README and credit).
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+# CLINC150's small-talk intents with one fixed answer: what a response cache may keep.
+FIXED = {"are_you_a_bot", "do_you_have_pets", "goodbye", "greeting", "how_old_are_you", "meaning_of_life",
+         "tell_joke", "thank_you", "what_are_your_hobbies", "what_can_i_ask_you", "what_is_your_name",
+         "where_are_you_from", "who_do_you_work_for", "who_made_you"}
+
 
 _WORDS = (
     "how what why when where which could would should please explain solve write compute find show "

@@ -54,3 +54,28 @@ def test_every_room_is_listed():
 def test_imports_point_down(room):
     wrong = {k: sorted(v) for k, v in imported_rooms(room).items() if k not in ALLOWED[room]}
     assert not wrong, f"{room} imports {wrong}"
+
+
+# What benches share lives in modules made to be shared; a bench script is never another's library.
+BENCH_HELPERS = {"bench.harness", "bench.report", "bench.workloads", "bench.closed_loop", "bench.stub_model"}
+
+
+def test_no_bench_imports_another_bench():
+    found = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("bench."):
+                if node.module not in BENCH_HELPERS:
+                    found.append(f"{path.relative_to(ROOT)} imports {node.module}")
+    assert not found, found
+
+
+def test_the_service_speaks_the_stream_protocol_and_delegates_each_phase():
+    service = ROOT / "esr_extproc" / "service.py"
+    siblings = {node.module for node in ast.walk(ast.parse(service.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("esr_extproc")}
+    siblings |= {f"esr_extproc.{a.name}" for node in ast.walk(ast.parse(service.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.module == "esr_extproc" for a in node.names}
+    siblings.discard("esr_extproc")
+    assert len(service.read_text().splitlines()) <= 200
+    assert len(siblings) <= 11, sorted(siblings)  # ten at run time, one for a type
