@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
-import os
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from batching import Backend, BatcherSettings, ContinuousBatcher
 from batching.batcher import BatchHook
+from esr_app.placement import on_gpu, runtime, static_tier_on
 from esr_config import RouterConfig
 from esr_app.metrics import PrometheusBatchObserver
 
@@ -31,8 +30,6 @@ def make_backend(config: RouterConfig, offline: bool = False) -> Encoder:
         from esr_remote.backend import RemoteBackend
 
         return RemoteBackend(config.encoder.remote)
-    from esr_app.routing_build import static_tier_on
-
     # The static tier decides most requests on the event loop, beside the model: it keeps a CPU.
     front_end_cpus = 1 if static_tier_on(config) and not offline else 0
     if runtime(config) == "onnx":
@@ -42,33 +39,6 @@ def make_backend(config: RouterConfig, offline: bool = False) -> Encoder:
     from esr_model.encoder import SentenceEncoder
 
     return SentenceEncoder(config.encoder, keep=config.requests.truncate, front_end_cpus=front_end_cpus)
-
-
-def runtime(config: RouterConfig) -> str:
-    """`encoder.backend` resolved: auto is torch only where there is CUDA to run it on."""
-    backend, device = config.encoder.backend, config.encoder.device
-    if backend != "auto":
-        return backend
-    if device.startswith("cuda"):
-        return "torch"
-    # No NVIDIA device node, no CUDA: decided without importing torch (seconds, and memory).
-    if device == "auto" and os.path.exists("/dev/nvidiactl") and importlib.util.find_spec("torch") is not None:
-        import torch
-
-        return "torch" if torch.cuda.is_available() else "onnx"
-    return "onnx"
-
-
-def on_gpu(config: RouterConfig) -> bool:
-    """Whether the model this config loads here runs on a CUDA device."""
-    device = config.encoder.device
-    if config.encoder.remote is not None or runtime(config) != "torch":
-        return False
-    if device != "auto":
-        return device.startswith("cuda")
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:

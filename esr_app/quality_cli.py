@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from esr_app.routing_build import static_embedding, static_tier, static_tier_on
+from esr_app.placement import static_tier_on
+from esr_app.routing_build import static_embedding, static_tier
 from esr_config import RouterConfig, leading_comments, load_or_exit, write_config
 from esr_settings import replace_at
 
@@ -260,7 +261,7 @@ def _finetune(config: RouterConfig, data, args: argparse.Namespace) -> RouterCon
     """The config with its encoder fine-tuned on `data` (esr_tuning/finetune.py), saved beside --out."""
     import logging
 
-    from esr_app.embedding import runtime
+    from esr_app.placement import runtime
     from esr_model.encoder import resolve_device
     from esr_model.location import resolve_model
     from esr_tuning.finetune import FinetuneSettings, finetune

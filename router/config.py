@@ -245,7 +245,7 @@ class StaticTierConfig:
 
     # auto: on where the encoder runs in this router (CPU, or CUDA where the model's static table
     # can be made) or behind a local model process whose table is made; off with a remote engine
-    # (esr_app.routing_build.static_tier_on, docs/static-tier.md).
+    # (esr_app.placement.static_tier_on, docs/static-tier.md).
     enabled: bool | Literal["auto"] = "auto"
     head_path: str | None = None  # classifier.method head: the static tier's head (fit); None: trained on the utterances
     # classifier.method head: the rows of the static table fit trained on the examples (over the

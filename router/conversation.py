@@ -8,15 +8,27 @@ request carries its conversation, and the embedding cache makes the earlier turn
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:  # the classifier calls deciding_turn
-    from router.classifier import RouteClassifier
+
+class Chooser(Protocol):
+    """What a turn's choice is read from: the route classifier (router/classifier.py), which calls
+    deciding_turn itself."""
+
+    @property
+    def routes(self) -> Sequence[object]: ...
+
+    @property
+    def has_default_class(self) -> bool: ...
+
+    def choose_one(self, row: np.ndarray) -> int: ...
+
+    def choose(self, scores: np.ndarray) -> np.ndarray: ...
 
 
-def deciding_turn(classifier: "RouteClassifier", scores: np.ndarray, gate: float | None) -> tuple[int, int]:
+def deciding_turn(classifier: Chooser, scores: np.ndarray, gate: float | None) -> tuple[int, int]:
     """For one conversation's turns (rows of `scores`, oldest first): the turn that sets the route
     and its choice (route index, -1 the default route). That turn is the last decisive one; with
     none, the most confident (its own choice, often the default route)."""
@@ -28,7 +40,7 @@ def deciding_turn(classifier: "RouteClassifier", scores: np.ndarray, gate: float
     return turn, int(choice[turn])
 
 
-def _decisive(classifier: "RouteClassifier", scores: np.ndarray, gate: float | None) -> tuple[np.ndarray, np.ndarray]:
+def _decisive(classifier: Chooser, scores: np.ndarray, gate: float | None) -> tuple[np.ndarray, np.ndarray]:
     """Each turn's own choice, and whether it is decisive.
 
     Decisive: a route won with at least `gate` (and its threshold), or the default route's own

@@ -121,7 +121,8 @@ for name in ("torch", "sentence_transformers", "transformers"):
     sys.modules[name] = None  # any import of them fails
 import asyncio, time
 import esr_app.cli, esr_app.server, esr_app.pool, esr_app.model_process
-from esr_app.embedding import runtime, start_batcher
+from esr_app.embedding import start_batcher
+from esr_app.placement import runtime
 from esr_config import load_config
 config = load_config("router.yaml")
 async def main():

@@ -281,7 +281,7 @@ def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
 
 
 def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_made_or_behind_a_pool_where_it_is(tmp_path):
-    from esr_app.routing_build import static_tier_on
+    from esr_app.placement import static_tier_on
 
     # the bundled model on CUDA (torch): its table is there; measured faster there too (docs/static-tier.md, "On a GPU")
     assert static_tier_on(config(encoder={"device": "cuda", "backend": "torch"}))
