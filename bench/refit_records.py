@@ -59,10 +59,8 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> Path:
     from esr_app.quality_cli import offline, text_vectors
     from esr_app.routing_build import static_tier
     from esr_config import load_config
-    from esr_tuning.conversations import decide_routed
+    from esr_tuning.decide import decide_requests
     from esr_tuning.evaluation import one_message_facts, routed_texts_of
-    from router.capabilities import ModelChoice
-    from router.rules import Rules
 
     config = load_config(config_path)
     seen = {t for r in [*config.routes, config.default_route] for t in r.utterances}
@@ -71,12 +69,11 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> Path:
     texts = routed_texts_of(config, pool[:n])
     encoder, classifier = offline(config)
     vectors = text_vectors(encoder, texts)
-    tier, rules, models = static_tier(config), Rules(config), ModelChoice(config)
+    facts_of = [one_message_facts(text) for text in texts]
+    decided = decide_requests(config, classifier, [([t], f) for t, f in zip(texts, facts_of)], vectors, static_tier(config))
     path = work / (config_path.stem + ".records.jsonl")
     with open(path, "w") as f:
-        for text in texts:
-            facts = one_message_facts(text)
-            d = decide_routed(config, rules, models, classifier, tier, [text], facts, vectors)
+        for text, facts, d in zip(texts, facts_of, decided):
             f.write(json.dumps({"path": "/v1/chat/completions", "requested_model": "auto", "route": d.route,
                                 "model": d.model, "reason": d.reason, "score": round(d.score, 4),
                                 "confidence": round(d.confidence, 4), "tier": d.tier,

@@ -17,13 +17,13 @@ import numpy as np
 
 from esr_settings import replace_at
 from router.llm_body import content_text, conversation_of, request_facts, texts_to_route
-from router.capabilities import ModelChoice
 from router.classifier import Decision, RouteClassifier
 from esr_config import RouterConfig
 from router.conversation import deciding_turn
-from router.rules import RequestFacts, Rules
+from router.rules import RequestFacts
 from router.static_tier import StaticTier
 from esr_tuning.calibration import conversation_examples
+from esr_tuning.decide import decide_requests
 from esr_tuning.fit import FitResult, fit, with_calibration
 from esr_tuning.jsonl import BadRecord, first_record, known_label, read_records
 
@@ -121,30 +121,14 @@ def _turn_scores(config: RouterConfig, classifier: RouteClassifier, dialogues: S
 
 def predict(config: RouterConfig, classifier: RouteClassifier, dialogues: Sequence[Dialogue],
             vectors: dict[str, np.ndarray], static: StaticTier | None = None) -> list[Decision]:
-    """The decision of every user turn (flattened as TurnTable), as the router makes it: rules
-    first, then the static tier where it stands (None: off), then the classifier on the turns
-    its request is routed on."""
-    rules, models = Rules(config), ModelChoice(config)
-    out = []
+    """The decision of every user turn (flattened as TurnTable), as the router makes it
+    (esr_tuning/decide.py: RoutingEngine.decide) on the texts its request is routed on, with `static`
+    as its first tier (None: off)."""
+    requests = []
     for d in dialogues:
         facts = d.facts or [RequestFacts()] * len(d.turns)
-        for texts, fact in zip(d.routed(config), facts):
-            out.append(decide_routed(config, rules, models, classifier, static, texts, fact, vectors))
-    return out
-
-
-def decide_routed(config: RouterConfig, rules: Rules, models: ModelChoice, classifier: RouteClassifier,
-                  static: StaticTier | None, texts: Sequence[str], fact: RequestFacts,
-                  vectors: dict[str, np.ndarray]) -> Decision:
-    """One request's decision on the texts it is routed on (oldest first), as the server's
-    semantic_route filter makes it: rules on its own text, the static tier, then the classifier on
-    every text under the conversation's gate; then the model of its route that can serve it."""
-    decision = rules.decide(texts[-1] if texts else "", fact) if rules else None
-    if decision is None and not texts:
-        decision = classifier.default("no_prompt")
-    decision = decision or (static.decide(texts) if static else None) or classifier.conversation_decision(
-        classifier.scores(np.stack([vectors[t] for t in texts])), config.conversation.gate)
-    return models.choose(decision, fact)  # then the model that serves it, as the server picks it
+        requests += list(zip(d.routed(config), facts))
+    return decide_requests(config, classifier, requests, vectors, static)
 
 
 def _choices(config: RouterConfig, classifier: RouteClassifier, turn_scores: list[list[np.ndarray]],

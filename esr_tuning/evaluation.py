@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -10,14 +9,12 @@ from typing import Sequence
 import numpy as np
 
 from router.llm_body import request_facts, texts_to_route
-from batching import ModelUnavailable
 from router.classifier import Decision, RouteClassifier
-from router.engine import RoutingEngine
 from esr_config import RouterConfig
-from router.capabilities import ModelChoice
-from router.rules import RequestFacts, Rules
+from router.rules import RequestFacts
 from router.static_tier import ENCODER, STATIC, StaticTier
 from esr_tuning.calibration import reliability, share_weights
+from esr_tuning.decide import decide_requests
 from esr_tuning.jsonl import known_label, read_records
 
 
@@ -54,32 +51,13 @@ def one_message_facts(text: str) -> RequestFacts:
 
 def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
                     embeddings: np.ndarray, static: StaticTier | None = None) -> list[Decision]:
-    """Each text's decision as the router makes it for a request of that one user message: rules
-    first, then the static tier where it stands (`static`: the cascade's first tier, None: off),
-    then the classifier on its embedding (of routed_texts_of)."""
-    rules, models = Rules(config), ModelChoice(config)
-    decisions = classifier.classify_many(embeddings)
-    if not rules and static is None and not models.reads_facts:
-        return [models.choose(d, RequestFacts()) for d in decisions]
+    """Each text's decision as the router makes it for a request of that one user message
+    (esr_tuning/decide.py: RoutingEngine.decide), `embeddings` being those of routed_texts_of;
+    `static`: the cascade's first tier (None: off)."""
     routed = routed_texts_of(config, texts)
-    for i, text in enumerate(texts):
-        facts = one_message_facts(text)
-        ruled = rules.decide(routed[i], facts) if rules else None
-        decisions[i] = models.choose(ruled or (static.decide([routed[i]]) if static else None) or decisions[i], facts)
-    return decisions
-
-
-class _Unavailable:
-    """An encoder that never answers: the model process away, the batcher refusing everything."""
-
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
-        raise ModelUnavailable("eval: the encoder is taken away")
-
-    async def started(self) -> None:
-        return None
-
-    async def aclose(self, drain_timeout: float = 10.0) -> None:
-        return None
+    vectors = dict(zip(routed, embeddings))
+    return decide_requests(config, classifier, [([r], one_message_facts(t)) for r, t in zip(routed, texts)],
+                           vectors, static)
 
 
 def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
@@ -87,18 +65,9 @@ def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, te
     """Each text's decision, as decide_labelled's, were the encoder unable to answer (overloaded, its
     model process away): the rules, then the static tier where it stands, else the server's own
     fallback (RoutingEngine.fallback: the static tier's guess, or the default route)."""
-    engine = RoutingEngine(config, _Unavailable(), classifier, static=static)
-    rules, routed = Rules(config), routed_texts_of(config, texts)
-
-    async def decide_all() -> list[Decision]:
-        out = []
-        for i, text in enumerate(texts):
-            facts = one_message_facts(text)
-            ruled = engine.ruled(routed[i], facts) if rules else None
-            out.append(ruled or await engine.decide([routed[i]], float("inf"), facts=facts))
-        return out
-
-    return asyncio.run(decide_all())
+    routed = routed_texts_of(config, texts)
+    return decide_requests(config, classifier, [([r], one_message_facts(t)) for r, t in zip(routed, texts)], {},
+                           static)
 
 
 # The default-route share the `shifted` figure (and fit's default objective) assumes: labelled sets hold a

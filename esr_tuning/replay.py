@@ -14,11 +14,10 @@ from typing import Sequence
 import numpy as np
 
 from esr_config import RouterConfig
-from esr_tuning.conversations import decide_routed
-from router.capabilities import ModelChoice
+from esr_tuning.decide import decide_requests
 from esr_tuning.jsonl import BadRecord
 from router.classifier import Decision, RouteClassifier
-from router.rules import RequestFacts, Rules
+from router.rules import RequestFacts
 from router.static_tier import StaticTier
 
 # Reasons routing itself decided: the others (a pinned model, a fallback, a body not read) are not
@@ -78,8 +77,7 @@ def read_records(path: str | Path, lenient: bool = False) -> tuple[list[Recorded
 
 def replay(config: RouterConfig, classifier: RouteClassifier, static: StaticTier | None, records: Sequence[Recorded],
            vectors: dict[str, np.ndarray]) -> list[Decision]:
-    rules, models = Rules(config), ModelChoice(config)
-    return [decide_routed(config, rules, models, classifier, static, r.texts, r.facts, vectors) for r in records]
+    return decide_requests(config, classifier, [(r.texts, r.facts) for r in records], vectors, static)
 
 
 def report(config: RouterConfig, records: Sequence[Recorded], decisions: Sequence[Decision], left_out: Counter) -> dict:

@@ -13,6 +13,7 @@ import numpy as np
 from filters.context import ImmediateReply, RequestContext
 from filters import metrics
 from router.guard_pieces import GUARD_MAX_PIECES
+from router.classifier import Decision
 from router.engine import RoutingEngine, RoutingUnavailable
 from router.static_tier import StaticTier
 from router.guard import GuardHead, GuardScorer, StaticScreen
@@ -57,16 +58,16 @@ class SemanticRoute:
         build(_NoSettings, settings, f"filter_settings.{self.name}")
 
     async def __call__(self, ctx: RequestContext) -> None:
-        if ctx.decision is None and ctx.unread is None:
-            ctx.decision = ctx.engine.ruled(ctx.prompt or "", ctx.facts)
-        if ctx.decision is None:
-            if not ctx.turns:
-                ctx.decision = ctx.engine.default(ctx.unread or "no_prompt", ctx.facts)
-                return
-            # As engine.decide, with the static tier's guess kept where `undecided` finds it.
-            ctx.decision, ctx.guess = ctx.engine.first_tier(ctx.turns, ctx.facts)
-            if ctx.decision is None:
-                ctx.decision = await ctx.engine.by_encoder(ctx.turns, ctx.deadline, ctx.guess, ctx.embedding, ctx.facts)
+        if ctx.decision is not None:
+            return
+        if ctx.unread is not None:  # nothing was read to route on
+            ctx.decision = ctx.engine.default(ctx.unread, ctx.facts)
+            return
+
+        def keep(guess: Decision) -> None:
+            ctx.guess = guess
+
+        ctx.decision = await ctx.engine.decide(ctx.turns, ctx.deadline, ctx.embedding, ctx.facts, on_guess=keep)
 
     def undecided(self, ctx: RequestContext, why: str) -> None:
         """The chain ran out of time (or a filter raised) while the encoder had the request: the

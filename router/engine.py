@@ -108,16 +108,26 @@ class RoutingEngine:
 
     async def decide(
         self, turns: Sequence[str], deadline: float, embed_last: Callable[[], Awaitable[np.ndarray]] | None = None,
-        facts: RequestFacts = NO_FACTS,
+        facts: RequestFacts = NO_FACTS, on_guess: Callable[[Decision], None] | None = None,
     ) -> Decision:
-        """Routes a request on its user turns, oldest first (router/conversation.py): the last is
-        the request's own prompt, which `embed_last` embeds when a caller shares its embedding
-        (it raises RoutingUnavailable as `embed` does). Earlier turns that cannot be embedded now
-        are left out; without the last one, the request falls back. The static tier first
-        (first_tier), then the encoder (by_encoder)."""
+        """The routing decision, the one the server (the semantic_route filter), eval, fit, replay
+        and the benches all make: the rules on the request's own turn (the last of `turns`, its user
+        turns oldest first: router/conversation.py), the default route where it has none, the static
+        tier (first_tier), then the encoder (by_encoder). `embed_last` embeds the request's own turn
+        where a caller shares its embedding (it raises RoutingUnavailable as `embed` does); earlier
+        turns that cannot be embedded now are left out, and without the last one the request falls
+        back. `on_guess` is given the static tier's guess before the encoder is asked, for a caller
+        whose wait may end first (the filter chain's deadline then routes by it: fallback)."""
+        ruled = self.ruled(turns[-1] if turns else "", facts)
+        if ruled is not None:
+            return ruled
+        if not turns:
+            return self.default("no_prompt", facts)
         decided, guess = self.first_tier(turns, facts)
         if decided is not None:
             return decided
+        if on_guess is not None and guess is not None:
+            on_guess(guess)
         return await self.by_encoder(turns, deadline, guess, embed_last, facts)
 
     def first_tier(self, turns: Sequence[str], facts: RequestFacts = NO_FACTS) -> tuple[Decision | None, Decision | None]:

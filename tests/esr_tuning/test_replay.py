@@ -62,9 +62,9 @@ def test_the_report_counts_moves_shares_and_cost(tmp_path):
 
 
 def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_does(tmp_path):
-    from esr_tuning.conversations import decide_routed
-    from router.capabilities import REFUSED, ModelChoice
-    from router.rules import RequestFacts, Rules
+    from esr_tuning.decide import decide_requests
+    from router.capabilities import REFUSED
+    from router.rules import RequestFacts
 
     config = parse_config({
         "routes": [{"name": "math", "model": "math-model", "utterances": ["m"]},
@@ -80,7 +80,6 @@ def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_do
                    "facts": {"prompt_tokens": 10, "max_tokens": 500}}])
     (tools, long), _ = read_records(path)
     assert tools.facts == RequestFacts(10, True, False, 5, False, True)
-    decide = [decide_routed(config, Rules(config), ModelChoice(config), None, None, r.texts, r.facts, {})
-              for r in (tools, long)]
+    decide = decide_requests(config, None, [(r.texts, r.facts) for r in (tools, long)], {})  # keywords decide
     assert (decide[0].route, decide[0].model, decide[0].skipped) == ("ops", "general-model", ("ops-model:tools",))
     assert decide[1].route == REFUSED and decide[1].reason == "no_capable_model"  # the server's 400
