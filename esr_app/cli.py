@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from esr_settings import replace_at
-from esr_app import event_loop
+from esr_app import event_loop, selection_cli
 from esr_config import ConfigError, RouterConfig, load_or_exit
 
 DEFAULT_CONFIG = Path(os.environ.get("SEMANTIC_ROUTER_CONFIG", "router.yaml"))
@@ -304,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--report", type=Path, metavar="JSON",
                     help="with --from-records: the held-out figures, before and after, as JSON")
     ft.set_defaults(func=_offline("cmd_fit"))
+
+    selection_cli.add_parser(sub)
 
     rp = sub.add_parser("replay", help="decide recorded requests (records.prompts) again with a candidate config "
                         "and report what would change; exit 3 past a budget (a CI gate for config changes)")

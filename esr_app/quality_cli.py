@@ -437,7 +437,7 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
         return 2
     embeddings = np.stack([vectors[t] for t in texts])
     # A head config's static head learns the encoder's route distribution through a hidden layer,
-    # over the table as distilled (docs/benchmarks.md has the figures that chose each).
+    # over the table as distilled (docs/notes/benchmarks-history.md has the figures that chose each).
     tier_options: dict = {"overall": args.max_disagreement}
     if config.classifier.method == "head":
         tier_options |= dict(hidden=STATIC_HIDDEN, train_rows=False, teacher=route_distribution(classifier, embeddings))

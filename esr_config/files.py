@@ -32,8 +32,8 @@ def load_or_exit(path: Path) -> RouterConfig:
 
 
 def load_config(path: str | Path) -> RouterConfig:
-    """Relative file references in the config (classifier.head_path, a model directory beside it in
-    encoder.model) resolve against its folder."""
+    """Relative file references in the config (classifier.head_path, selection.path, a model directory
+    beside it in encoder.model) resolve against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -48,9 +48,9 @@ def load_config(path: str | Path) -> RouterConfig:
     if not model.startswith("bundled:") and not Path(model).is_absolute() and (path.parent / model).is_dir():
         # A model directory written beside the config (fit --finetune) is found from anywhere.
         config = replace_at(config, "encoder.model", str((path.parent / model).resolve()))
-    head = config.classifier.head_path
-    if head is not None and not Path(head).is_absolute():
-        config = replace_at(config, "classifier.head_path", str((path.parent / head).resolve()))
+    for key, value in (("classifier.head_path", config.classifier.head_path), ("selection.path", config.selection.path)):
+        if value is not None and not Path(value).is_absolute():
+            config = replace_at(config, key, str((path.parent / value).resolve()))
     return config
 
 
@@ -60,7 +60,8 @@ def write_config(config: RouterConfig, path: str | Path, header: str = "") -> No
     lines: a data set's credit, say) first. Comments elsewhere in a source file are not kept."""
     path = Path(path)
     folder = path.parent.resolve()
-    for key, value in (("encoder.model", config.encoder.model), ("classifier.head_path", config.classifier.head_path)):
+    for key, value in (("encoder.model", config.encoder.model), ("classifier.head_path", config.classifier.head_path),
+                       ("selection.path", config.selection.path)):
         if value is not None and Path(value).is_absolute() and Path(value).parent == folder:
             config = replace_at(config, key, Path(value).name)
     path.write_text(header + yaml.safe_dump(dump(config), sort_keys=False, allow_unicode=True), encoding="utf-8")

@@ -9,6 +9,10 @@ CONFIDENCE = "x-semantic-route-confidence"  # the probability the route is right
 TRUNCATED = "x-semantic-route-truncated"  # set when the routed text was longer than the encoder reads
 TIER = "x-semantic-route-tier"  # which cascade tier's model decided: static or encoder (router/static_tier.py)
 
+# Where selection chose among the route's models (router/selection.py): the chosen model's predicted
+# score and its price.
+SELECTED_QUALITY = "x-semantic-selected-quality"
+SELECTED_PRICE = "x-semantic-selected-price"
 # The route's models passed over for what they lack, "model:capability" comma-separated (router/capabilities.py).
 SKIPPED = "x-semantic-route-skipped"
 # The models Envoy tries in turn, comma-separated, where there are two or more: it routes the request
@@ -25,7 +29,8 @@ ATTEMPT_MODEL = "x-semantic-router-attempt-model"
 WRITTEN_MODEL = "x-semantic-router-written-model"
 MODEL_METADATA = "semantic_router"  # the endpoint metadata namespace naming a backend's model
 
-ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER, SKIPPED, CHAIN, MODEL_AT)
+ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER, SKIPPED, CHAIN, MODEL_AT,
+                  SELECTED_QUALITY, SELECTED_PRICE)
 # Set by the rendered Envoy config's answer keeper (a Lua filter before the router, after Envoy has
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.

@@ -16,8 +16,8 @@ from esr_extproc.serving import Serving
 from esr_extproc.shedding import Admission, holders, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 
-# Headers the body answer may add (the six router headers, content-length) plus one spare.
-HEADER_HEADROOM = 8
+# Headers the body answer may add (the six router headers, selection's two, content-length) plus one spare.
+HEADER_HEADROOM = 10
 
 
 @functools.lru_cache(maxsize=8)  # one set per configuration's standard headers

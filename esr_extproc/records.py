@@ -82,6 +82,8 @@ def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache:
         out["chain"] = list(decision.chain)
     if decision.skipped:
         out["skipped"] = list(decision.skipped)
+    if decision.predicted_quality is not None:
+        out["predicted_quality"], out["price"] = round(decision.predicted_quality, 4), decision.price
     if ctx.unread is not None:
         out["unread"] = ctx.unread
     if ctx.immediate is not None:

@@ -194,9 +194,9 @@ def trace(model, max_seq_length: int):
     """The model as one TorchScript graph, or None where tracing fails or changes the output.
 
     Why: eager PyTorch returns to Python (and takes the GIL) between every op, and the router's
-    event loop holds the GIL while it answers requests; the traced graph runs in C++ (docs/benchmarks.md,
-    `bench.contention_bench --torchscript on|off`: faster alone and beside a neighbour). The trace
-    is checked against eager on several shapes before use.
+    event loop holds the GIL while it answers requests; the traced graph runs in C++
+    (docs/notes/benchmarks-history.md, `bench.contention_bench --torchscript on|off`: faster alone and
+    beside a neighbour). The trace is checked against eager on several shapes before use.
     """
     import torch
 

@@ -1,10 +1,10 @@
 """A sentence-transformers model's ONNX export (esr_model/export.py) run by ONNX Runtime on the CPU, with
 the model's own fast tokenizer: serving on this imports neither torch nor sentence-transformers.
 
-Why ONNX Runtime (docs/benchmarks.md, "Model runtime", measured against TorchScript and OpenVINO): a single
-prompt embeds faster than on the TorchScript graph, batches as fast, with the same vectors, and
-without torch in the install. One session per thread count the tuner may pick (a session's pool
-size is fixed when it is made).
+Why ONNX Runtime (docs/notes/benchmarks-history.md, "choosing the model runtime", measured against
+TorchScript and OpenVINO): a single prompt embeds faster than on the TorchScript graph, batches as
+fast, with the same vectors, and without torch in the install. One session per thread count the
+tuner may pick (a session's pool size is fixed when it is made).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ whose input is quantized with one scale per token (the row's own range), so a pr
 does not depend on the batch it runs in; weights are quantized per output channel, after
 SmoothQuant moves the inputs' outlier channels into them.
 
-Why per token (docs/benchmarks.md, "Model runtime"): ONNX Runtime's `quantize_dynamic` gives a whole batch
-tensor one activation scale, so one long or odd prompt moved its neighbours' vectors (cosine 0.977
-alone vs batched); static scales moved them all too far from the model's. Per token, a vector is
-the same alone and in any batch (cosine 1.0000000).
+Why per token (docs/notes/benchmarks-history.md, "choosing the model runtime"): ONNX Runtime's
+`quantize_dynamic` gives a whole batch tensor one activation scale, so one long or odd prompt moved
+its neighbours' vectors (cosine 0.977 alone vs batched); static scales moved them all too far from
+the model's. Per token, a vector is the same alone and in any batch (cosine 1.0000000).
 
 Why a skewed input's rows are centred on their own midpoint before they are scaled: the FFN's second
 GEMM reads GELU's outputs (-0.17 to ~20), which a scale from the row's absolute maximum spends half

@@ -3,7 +3,7 @@
 Why: torch's CPU kernels run on libgomp, which gives every thread that opens a parallel region
 its own pool of workers, kept until that thread exits. Once the process holds more pool threads
 than CPUs, libgomp stops spinning between regions and parks its workers on a futex, so each of
-the parallel regions in one forward pass pays a wake-up (docs/benchmarks.md, measures what a
+the parallel regions in one forward pass pays a wake-up (docs/notes/benchmarks-history.md, measures what a
 second pool costs a one-prompt batch). So model loading runs single-threaded, other torch work
 (training a head at load) runs on a thread that exits when done, and only the model thread (or
 offline CLI work, which has no model thread) keeps a pool.

@@ -24,7 +24,7 @@ from router.static_tier import StaticTier
 
 # The static head's hidden units where it learns from records (a head config's): a linear head over the
 # static embedding follows a few-shot encoder's decisions too loosely, a deeper one trains too long for a
-# nightly refit (docs/benchmarks.md, "The static tier refitted on records").
+# nightly refit (docs/notes/benchmarks-history.md, "the heads tried").
 STATIC_HIDDEN = 512
 # Reasons the classifier (either tier) decided: rules, a keyword and the rest are not the tier's to learn.
 CLASSIFIED = frozenset({"matched", "context", "default", "low_confidence"})

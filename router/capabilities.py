@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from router import metrics
 from router.classifier import Decision
 from router.config import ModelCapabilities, RoutingConfig
 from router.rules import RequestFacts
+from router.selection import Selector
 
 # What the 400 says a model lacks, by capability.
 _LACKS = {
@@ -51,7 +54,10 @@ def refusal_message(decision: Decision) -> str:
 
 
 class ModelChoice:
-    def __init__(self, config: RoutingConfig):
+    def __init__(self, config: RoutingConfig, selector: Selector | None = None):
+        """`selector`: orders a route's capable models by predicted quality and price, where the
+        request's embedding is at hand (router/selection.py); None: by rank."""
+        self.selector = selector
         self._capabilities = {c.model: c for c in config.capabilities}
         self._ranked = {r.name: r.models for r in config.ranked_routes}
         self._default = config.default_route.name
@@ -63,10 +69,11 @@ class ModelChoice:
         """Whether any model is limited (so the parser must measure requests)."""
         return bool(self._capabilities)
 
-    def choose(self, decision: Decision, facts: RequestFacts) -> Decision:
+    def choose(self, decision: Decision, facts: RequestFacts, vector: np.ndarray | None = None) -> Decision:
         """`decision` with the model that serves the request and the chain Envoy fails over along.
         A route with no capable model leaves the request to the default route's models (reason
-        no_capable_model); none at all, or a pinned model that cannot serve it: route REFUSED."""
+        no_capable_model); none at all, or a pinned model that cannot serve it: route REFUSED.
+        `vector`: the request's embedding, where selection may order the capable models by it."""
         if decision.reason == "model_pinned":
             return self._pinned(decision, facts)
         capable, skipped = self._split(self._ranked.get(decision.route, (decision.model,)), facts)
@@ -79,6 +86,14 @@ class ModelChoice:
             skipped += skipped_default
         if not capable:
             return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier, skipped=skipped)
+        if self.selector is not None and vector is not None and len(capable) > 1:
+            selected = self.selector.order(capable, vector)
+            if selected is not None:
+                metrics.child(metrics.SELECTED, selected.models[0]).inc()
+                metrics.child(metrics.SPEND, selected.models[0]).inc(selected.price)
+                metrics.PREDICTED_QUALITY.observe(selected.quality)
+                decision = dataclasses.replace(decision, predicted_quality=selected.quality, price=selected.price)
+                capable = selected.models
         return self._chosen(decision, capable, skipped)
 
     def _pinned(self, decision: Decision, facts: RequestFacts) -> Decision:

@@ -30,6 +30,10 @@ class Decision:
     # first, where there are two or more; the route's models passed over, as "model:capability".
     chain: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
+    # Set by selection (router/selection.py), where it chose among the route's models: the chosen
+    # model's predicted score and its price.
+    predicted_quality: float | None = None
+    price: float | None = None
 
 
 ENCODER = "encoder"  # the tier a RouteClassifier decides as, unless told otherwise (router/static_tier.py)

@@ -343,6 +343,30 @@ class RequestsConfig:
 
 
 @dataclass(frozen=True)
+class SelectionConfig:
+    """Which of a decided route's capable models serves a request, by predicted quality and price
+    (router/selection.py; docs/model-selection.md). Off until `path` names a quality model
+    (`semantic-router select-fit` writes it, and this section)."""
+
+    path: str | None = None  # the quality model: a score predictor per model, with calibrated margins
+    strategy: Literal["cheapest_meeting_floor", "best_within_budget", "utility"] = "cheapest_meeting_floor"
+    quality_floor: float = 0.8  # cheapest_meeting_floor: the score the chosen model must be predicted to reach
+    budget: float | None = None  # best_within_budget: the most one request may cost, in the prices' unit
+    lam: float = 0.0  # utility: predicted score less lam x price relative to the cheapest
+    prices: dict = field(default_factory=dict)  # model -> price per request; select-fit writes the rows' costs
+
+    def __post_init__(self):
+        require(0.0 <= self.quality_floor <= 1.0, "quality_floor", "must be between 0 and 1")
+        require(self.budget is None or self.budget > 0, "budget", "must be positive")
+        require(self.lam >= 0, "lam", "must not be negative")
+        for model, price in self.prices.items():
+            require(isinstance(price, (int, float)) and not isinstance(price, bool) and price > 0,
+                    f"prices.{model}", "must be a positive number")
+        require(self.strategy != "best_within_budget" or self.budget is not None, "budget",
+                "best_within_budget needs a budget")
+
+
+@dataclass(frozen=True)
 class RoutingConfig:
     """What decides a route: the routing sections of the file, checked together."""
 
@@ -362,9 +386,13 @@ class RoutingConfig:
     static_tier: StaticTierConfig = field(default_factory=StaticTierConfig)  # the cascade's first tier
     capabilities: tuple[ModelCapabilities, ...] = ()  # what each backend model serves (router/capabilities.py)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)  # quality and price among a route's models
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
+        for model in self.selection.prices:
+            require(model in self.backend_models, f"selection.prices.{model}",
+                    f"{model!r} is not the model of any route or the default route")
         self.require_models_once(self.capabilities, "capabilities", "is listed twice")
         seen = {self.default_route.name}
         for i, route in enumerate(self.routes):

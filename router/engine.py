@@ -17,6 +17,7 @@ from router.capabilities import ModelChoice
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import RequestFacts, Rules
+from router.selection import selector_for
 from router.static_tier import StaticTier
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class RoutingEngine:
         self.batcher = batcher
         self.classifier = classifier
         self.rules = Rules(config)
-        self.models = ModelChoice(config)  # which of the decided route's models serves the request
+        # which of the decided route's models serves the request (by quality and price where selection is on)
+        self.models = ModelChoice(config, selector_for(config.selection))
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it first, else the first
@@ -168,4 +170,4 @@ class RoutingEngine:
         scores = self.classifier.scores(embedded[0][None, :] if len(embedded) == 1 else np.stack(embedded))
         decided = self.classifier.conversation_decision(scores, self.config.conversation.gate)
         metrics.child(metrics.DECISIONS_BY_TIER, decided.tier).inc()
-        return self.models.choose(decided, facts)
+        return self.models.choose(decided, facts, embedded[-1])

@@ -29,6 +29,21 @@ MODELS_SKIPPED = Counter(
     "(context|tools|images|structured_output|streaming).",
     ["model", "capability"],
 )
+SELECTED = Counter(
+    "semantic_router_selected_total",
+    "Requests for which selection chose among a route's models by predicted quality and price, by the model chosen.",
+    ["model"],
+)
+PREDICTED_QUALITY = Histogram(
+    "semantic_router_selected_predicted_quality",
+    "The predicted score of the model selection chose, per request.",
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0),
+)
+SPEND = Counter(
+    "semantic_router_selected_spend_total",
+    "The price of the models selection chose, summed (in the prices' unit), by model.",
+    ["model"],
+)
 NO_CAPABLE_MODEL = Counter(
     "semantic_router_no_capable_model_total",
     "Requests whose route had no model able to serve them, sent to the default route's models instead, by route.",

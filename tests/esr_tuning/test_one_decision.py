@@ -14,7 +14,7 @@ from esr_tuning.conversations import Dialogue, predict
 from esr_tuning.evaluation import decide_labelled, routed_texts_of
 from router.classifier import RouteClassifier
 from tests.support.extproc import Harness, body_msg, headers_msg, run, set_headers
-from tests.support.fakes import vector_for
+from tests.support.fakes import FakeBackend, vector_for
 
 ROUTES = [
     {"name": "math", "model": "math-model", "utterances": ["solve 3x + 5 = 20", "integrate x squared"]},
@@ -39,6 +39,18 @@ PROMPTS = [f"question number {i} about {topic}" for i in range(24)
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
+def with_selection(tmp_path) -> dict:
+    """BASE with the code route's two models chosen between by a quality model of the embedding."""
+    from router.selection import QualityModel, save_quality
+
+    rng = np.random.default_rng(5)
+    weights = np.hstack([rng.standard_normal((2, FakeBackend.dim)) * 0.5, np.array([[0.78], [0.9]])])
+    save_quality(QualityModel(("general-model", "code-model"), weights, np.array([0.02, 0.02]), 0.1),
+                 str(tmp_path / "q.npz"), "fake")
+    return {**BASE, "selection": {"path": str(tmp_path / "q.npz"), "quality_floor": 0.75,
+                                  "prices": {"general-model": 1.0, "code-model": 12.0}}}
+
+
 def served(config: dict, bodies: list[dict]) -> list[tuple[str, str, str]]:
     """(route, model, reason) the service answers each body with."""
     async def main():
@@ -56,9 +68,9 @@ def classifier_of(harness_config) -> RouteClassifier:
     return RouteClassifier(harness_config, lambda texts: np.stack([vector_for(t) for t in texts]))
 
 
-@pytest.mark.parametrize("name", ["few_shot", "rules_and_capabilities", "guard"])
-def test_one_message_requests_are_decided_offline_as_served(name):
-    config = CONFIGS[name]
+@pytest.mark.parametrize("name", ["few_shot", "rules_and_capabilities", "guard", "selection"])
+def test_one_message_requests_are_decided_offline_as_served(name, tmp_path):
+    config = CONFIGS[name] if name != "selection" else with_selection(tmp_path)
     parsed = Harness(config).config
     bodies = [{"model": "auto", "messages": [{"role": "user", "content": p}]} for p in PROMPTS]
     if name == "rules_and_capabilities":  # what a model is asked for changes which one serves
@@ -76,6 +88,8 @@ def test_one_message_requests_are_decided_offline_as_served(name):
         got, want = [got[i] for i in keep], [want[i] for i in keep]
     assert [(d.route, d.model, d.reason) for d in got] == want
     assert len({route for route, _, _ in want}) == 3  # every route and the default were decided
+    if name == "selection":  # on the code route, each of its models chosen for some requests
+        assert {model for route, model, _ in want if route == "code"} == {"code-model", "general-model"}
 
 
 def test_conversation_turns_are_decided_offline_as_served():
@@ -97,3 +111,25 @@ def test_conversation_turns_are_decided_offline_as_served():
     got = predict(parsed, classifier_of(parsed), dialogues, vectors)
     assert [(d.route, d.model, d.reason) for d in got] == want
     assert any(reason == "context" for _, _, reason in want) or len({r for r, _, _ in want}) > 1, json.dumps(want)
+
+
+def test_a_selected_model_is_answered_with_its_predicted_quality_and_price_and_the_chain_in_that_order(tmp_path):
+    config = with_selection(tmp_path)
+
+    async def main():
+        async with Harness(config) as h:
+            out = []
+            for p in PROMPTS:
+                answer = (await h.exchange(headers_msg(), body_msg({"model": "auto", "messages": [
+                    {"role": "user", "content": p}]})))[-1]
+                out.append(set_headers(answer))
+            return out
+    # decided on the embedding: a keyword's decision has none to predict from, and keeps the ranked order
+    answers = [a for a in run(main()) if a["x-semantic-route"] == "code" and a["x-semantic-route-reason"] == "matched"]
+    assert answers and all(float(a["x-semantic-selected-quality"]) > 0 for a in answers)
+    for a in answers:
+        chain = a["x-semantic-router-chain"].split(",")
+        assert chain[0] == a["x-selected-model"] and set(chain) == {"code-model", "general-model"}
+        assert a["x-semantic-selected-price"] == ("1" if a["x-selected-model"] == "general-model" else "12")
+    others = [a for a in run(main()) if a["x-semantic-route"] != "code"]
+    assert all("x-semantic-selected-quality" not in a for a in others)  # one model: nothing chosen between

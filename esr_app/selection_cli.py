@@ -1,0 +1,76 @@
+"""`semantic-router select-fit`: model selection fitted on a team's eval rows, written beside the config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from esr_config import ConfigError, leading_comments, load_or_exit, write_config
+from esr_settings import replace_at
+
+
+def cmd_select_fit(args: argparse.Namespace) -> int:
+    from esr_app.quality_cli import offline
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.score_matrix import matrix, read_rows
+    from esr_tuning.selection_fit import fit_quality
+    from router.selection import save_quality
+
+    config = load_or_exit(args.config)
+    try:
+        rows = read_rows(args.rows)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    scores = matrix(rows, {**config.selection.prices})
+    unknown = [m for m in scores.models if m not in config.backend_models]
+    if unknown:
+        print(f"error: {args.rows}: models {unknown} are no route's model in {args.config}", file=sys.stderr)
+        return 2
+    if len(scores.prompts) < 50:
+        print(f"error: {args.rows}: {len(scores.prompts)} prompts scored on every model; at least 50 are needed",
+              file=sys.stderr)
+        return 2
+    encoder, _ = offline(config)
+    vectors = encoder.encode(routed_texts_of(config, scores.prompts))
+    quality = fit_quality(scores.models, vectors, scores.scores, alpha=args.alpha)
+    out = Path(args.out)
+    path = out.with_suffix(".quality.npz")
+    save_quality(quality, str(path), config.encoder.model)
+    prices = {**dict(zip(scores.models, (round(float(c), 6) for c in scores.costs))), **config.selection.prices}
+    try:  # each replace builds the section again, checked as a loaded one is
+        fitted = replace_at(config, "selection", path=str(path.resolve()), prices=prices)
+        if args.floor is not None:
+            fitted = replace_at(fitted, "selection", quality_floor=args.floor)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_config(fitted, out, leading_comments(args.config))
+    means = scores.scores.mean(axis=0)
+    print(f"{len(scores.prompts)} prompts x {len(scores.models)} models; alpha {args.alpha}")
+    print(f"{'model':24} {'mean score':>10} {'margin':>8} {'price':>10}")
+    for m, mean, margin in zip(scores.models, means, quality.margins):
+        print(f"{m:24} {mean:10.3f} {float(margin):8.3f} {prices[m]:10g}")
+    print(f"wrote {out} (selection.path: {path.name})")
+    return 0
+
+
+def add_parser(sub) -> None:
+    sf = sub.add_parser("select-fit", help="fit model selection (quality by price) on eval rows: "
+                        '{"prompt", "model", "score" 0..1, "cost"?} per line (docs/model-selection.md)')
+    sf.add_argument("--config", type=Path, required=True)
+    sf.add_argument("--rows", type=Path, required=True, help="JSONL score rows")
+    sf.add_argument("--out", type=Path, required=True, help="the config to write (its quality model beside it)")
+    sf.add_argument("--alpha", type=float, default=0.1,
+                    help="the share of requests allowed under the floor where the floor is predicted met")
+    sf.add_argument("--floor", type=float, help="selection.quality_floor to write")
+
+    def run(args: argparse.Namespace) -> int:
+        if not 0.0 < args.alpha < 1.0:
+            print("error: --alpha must be between 0 and 1", file=sys.stderr)
+            return 2
+        return cmd_select_fit(args)
+
+    sf.set_defaults(func=run)
+

@@ -1,0 +1,139 @@
+"""Which of a route's models serves a request, by predicted quality and price: a predictor of each
+model's score from the request's embedding (fitted by `esr_tuning/selection_fit.py` on a team's eval
+rows), each model's calibrated margin (so that "predicted to meet the floor" holds at a stated error
+rate), and the team's policy.
+
+Strategies, per request, among the models given (the route's capable ones):
+- cheapest_meeting_floor: the cheapest whose prediction less its margin reaches `floor`; where none
+  does, the one with the highest such bound;
+- best_within_budget: the highest prediction among those priced within `budget`;
+- utility: the highest prediction less `lam` x price (prices relative to the cheapest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from esr_settings import ConfigError
+
+Strategy = Literal["cheapest_meeting_floor", "best_within_budget", "utility"]
+
+
+@dataclass(frozen=True)
+class QualityModel:
+    """Predicted score per model: a linear map of the embedding (its last column the bias)."""
+
+    models: tuple[str, ...]
+    weights: np.ndarray  # (models, dimension + 1)
+    margins: np.ndarray  # (models,): the prediction less this meets the true score at the fitted rate
+    alpha: float  # that rate's complement: the share of predictions allowed to overstate by more
+
+    def predict(self, vectors: np.ndarray) -> np.ndarray:
+        """(n, models) predicted scores of `vectors` (n, dimension)."""
+        return vectors @ self.weights[:, :-1].T + self.weights[:, -1]
+
+
+def choose(predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, strategy: Strategy,
+           floor: float = 0.8, budget: float = np.inf, lam: float = 0.0) -> np.ndarray:
+    """The index of the model chosen for each row of `predicted` (n, models)."""
+    if strategy == "cheapest_meeting_floor":
+        bound = predicted - margins
+        by_price = np.argsort(prices, kind="stable")
+        meets = bound[:, by_price] >= floor
+        first = np.argmax(meets, axis=1)
+        chosen = by_price[first]
+        return np.where(meets.any(axis=1), chosen, np.argmax(bound, axis=1))
+    if strategy == "best_within_budget":
+        allowed = prices <= budget
+        if not allowed.any():
+            allowed = prices == prices.min()
+        return np.argmax(np.where(allowed, predicted, -np.inf), axis=1)
+    if strategy == "utility":
+        return np.argmax(predicted - lam * prices / prices.min(), axis=1)
+    raise ConfigError(f"strategy {strategy!r}")
+
+
+FORMAT = 1
+
+
+def save_quality(quality: QualityModel, path: str, encoder: str) -> None:
+    """The quality model as one .npz; `encoder`: the model whose embeddings it reads."""
+    np.savez(path, format=FORMAT, models=np.asarray(quality.models), weights=quality.weights,
+             margins=quality.margins, alpha=quality.alpha, encoder=np.asarray(encoder))
+
+
+def load_quality(path: str, dimension: int | None = None) -> QualityModel:
+    """ConfigError, naming the key, for a file that is not one, or reads embeddings of another size."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            found = int(data["format"])
+            quality = QualityModel(tuple(str(m) for m in data["models"]), data["weights"].astype(np.float32),
+                                   data["margins"].astype(np.float32), float(data["alpha"]))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ConfigError(f"selection.path: {path} is not a quality model ({type(exc).__name__})") from None
+    if found != FORMAT:
+        raise ConfigError(f"selection.path: {path} is of format {found}, not {FORMAT}: fit it again")
+    if dimension is not None and quality.weights.shape[1] != dimension + 1:
+        raise ConfigError(f"selection.path: {path} reads embeddings of {quality.weights.shape[1] - 1} dimensions, "
+                         f"the encoder's have {dimension}: fit it again (semantic-router select-fit)")
+    return quality
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A request's models in the order selection puts them, and what it predicted of the first."""
+
+    models: tuple[str, ...]
+    quality: float
+    price: float
+
+
+class Selector:
+    """Orders a route's capable models for one request: the chosen model first, then the others as
+    the strategy ranks them (the failover chain follows that order). Models the quality model does
+    not know keep their ranked place after those it does."""
+
+    def __init__(self, quality: QualityModel, strategy: Strategy, prices: dict[str, float], floor: float,
+                 budget: float | None, lam: float):
+        self.quality = quality
+        self.strategy, self.floor, self.budget, self.lam = strategy, floor, budget, lam
+        self._index = {m: i for i, m in enumerate(quality.models)}
+        self._prices = np.asarray([float(prices.get(m, 1.0)) for m in quality.models])
+
+    def order(self, models: tuple[str, ...], vector: np.ndarray) -> Selected | None:
+        """None where fewer than two of `models` are known (nothing to choose between), or `vector` is
+        not of the quality model's encoder (serving refuses such a file at load; never a failed request)."""
+        known = [m for m in models if m in self._index]
+        if len(known) < 2 or vector.shape[-1] != self.quality.weights.shape[1] - 1:
+            return None
+        idx = np.asarray([self._index[m] for m in known])
+        w = self.quality.weights[idx]
+        predicted = w[:, :-1] @ vector + w[:, -1]
+        prices = self._prices[idx]
+        rank = self._rank(predicted, self.quality.margins[idx], prices)
+        ordered = tuple(known[i] for i in rank) + tuple(m for m in models if m not in self._index)
+        first = rank[0]
+        return Selected(ordered, float(predicted[first]), float(prices[first]))
+
+    def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray) -> list[int]:
+        if self.strategy == "cheapest_meeting_floor":
+            bound = predicted - margins
+            meets = bound >= self.floor
+            # those predicted to meet the floor, cheapest first; then the rest, surest first
+            return sorted(range(len(prices)), key=lambda i: (not meets[i], prices[i] if meets[i] else -bound[i]))
+        if self.strategy == "best_within_budget":
+            within = prices <= (self.budget if self.budget is not None else np.inf)
+            return sorted(range(len(prices)), key=lambda i: (not within[i], -predicted[i]))
+        utility = predicted - self.lam * prices / prices.min()
+        return sorted(range(len(prices)), key=lambda i: -utility[i])
+
+
+def selector_for(config) -> Selector | None:
+    """The selector a config's `selection` section asks for (a SelectionConfig); None: off."""
+    if config.path is None:
+        return None
+    return Selector(load_quality(config.path), config.strategy, config.prices, config.quality_floor, config.budget,
+                    config.lam)

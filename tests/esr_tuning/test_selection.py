@@ -1,0 +1,120 @@
+"""Model selection: score rows read as a matrix, the synthetic matrix, the quality model's calibrated
+margins, each strategy's order, and `select-fit` from rows to a config that serves it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from esr_config import load_config
+from esr_tuning.score_matrix import ScoreRow, matrix, read_rows, synthetic, write_rows
+from esr_tuning.selection_fit import fit_quality, margins
+from router.selection import QualityModel, Selector, choose, load_quality, save_quality
+from tests.support import ROOT
+
+
+def test_rows_read_as_a_matrix_of_prompts_every_model_scored(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "a", "model": "x", "score": 0.5, "cost": 2.0},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}], "model": "y", "score": 1},
+        {"prompt": "b", "model": "x", "score": 0.25, "cost": 4.0},  # y never scored b: b is dropped
+    ]) + "\n")
+    m = matrix(read_rows(path), prices={"y": 7.0})
+    assert m.prompts == ["a"] and m.models == ["x", "y"]
+    assert m.scores.tolist() == [[0.5, 1.0]] and m.costs.tolist() == [3.0, 7.0]
+    path.write_text(json.dumps({"prompt": "a", "model": "x", "score": 1.5}) + "\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: score 1.5 is not in \[0, 1\]"):
+        read_rows(path)
+
+
+def test_the_synthetic_matrix_is_seeded_and_dearer_models_score_higher():
+    texts = [f"prompt {i}" for i in range(400)]
+    domains, intents = [f"d{i % 5}" for i in range(400)], [f"i{i % 20}" for i in range(400)]
+    rows = synthetic(texts, domains, intents, seed=3)
+    assert rows == synthetic(texts, domains, intents, seed=3) and rows != synthetic(texts, domains, intents, seed=4)
+    m = matrix(rows)
+    assert m.costs.max() / m.costs.min() == 50
+    means = m.scores.mean(axis=0)
+    assert list(np.argsort(means)) == list(np.argsort(m.costs))
+    # no model is best everywhere: a cheaper one beats a dearer one on some prompts
+    assert (m.scores[:, 0] > m.scores[:, -1]).any()
+
+
+def _domain_data(n: int, seed: int):
+    """Vectors that show a prompt's domain (one-hot plus noise); scores by domain plus noise."""
+    rng = np.random.default_rng(seed)
+    domain = rng.integers(0, 4, n)
+    x = np.eye(4)[domain] + 0.1 * rng.standard_normal((n, 4))
+    level = np.array([[0.9, 0.2, 0.6, 0.4], [0.95, 0.9, 0.9, 0.85]])  # (models, domains)
+    y = np.clip(level[:, domain].T + 0.1 * rng.standard_normal((n, 2)), 0, 1)
+    return x, y
+
+
+def test_margins_hold_the_stated_rate_on_new_prompts():
+    x, y = _domain_data(4000, 0)
+    quality = fit_quality(["cheap", "dear"], x, y, alpha=0.1, l2=0.1)
+    x_new, y_new = _domain_data(4000, 1)
+    under = (y_new < quality.predict(x_new) - quality.margins).mean(axis=0)
+    assert (under <= 0.1 + 0.02).all() and (under >= 0.1 - 0.04).all(), under
+    assert margins(np.zeros((9, 1)), np.zeros((9, 1)), 0.1).tolist() == [0.0]
+
+
+def test_each_strategy_orders_the_models_and_the_failover_chain_follows():
+    quality = QualityModel(("nano", "mid", "big"), np.array([[0.0, 0.70], [0.0, 0.85], [0.0, 0.95]]),
+                           np.array([0.05, 0.05, 0.05]), 0.1)
+    prices = {"nano": 1.0, "mid": 5.0, "big": 30.0}
+    v = np.zeros(1)
+    floor = Selector(quality, "cheapest_meeting_floor", prices, 0.78, None, 0.0)
+    assert floor.order(("big", "mid", "nano"), v).models == ("mid", "big", "nano")  # meet the floor cheapest first
+    picked = floor.order(("big", "mid", "nano", "unknown"), v)
+    assert picked.models[-1] == "unknown" and (picked.quality, picked.price) == (pytest.approx(0.85), 5.0)
+    none_meet = Selector(quality, "cheapest_meeting_floor", prices, 0.99, None, 0.0)
+    assert none_meet.order(("nano", "mid", "big"), v).models == ("big", "mid", "nano")  # surest first
+    budget = Selector(quality, "best_within_budget", prices, 0.8, 6.0, 0.0)
+    assert budget.order(("nano", "mid", "big"), v).models == ("mid", "nano", "big")
+    assert Selector(quality, "utility", prices, 0.8, None, 0.001).order(("nano", "big"), v).models == ("big", "nano")
+    assert Selector(quality, "utility", prices, 0.8, None, 0.1).order(("nano", "big"), v).models == ("nano", "big")
+    assert floor.order(("mid", "other"), v) is None  # one known model: nothing to choose between
+    predicted = np.array([[0.70, 0.85, 0.95]])
+    assert choose(predicted, quality.margins, np.array([1.0, 5.0, 30.0]), "cheapest_meeting_floor", floor=0.78)[0] == 1
+
+
+def test_a_quality_model_file_is_refused_by_the_key_when_it_does_not_fit(tmp_path):
+    quality = QualityModel(("a", "b"), np.zeros((2, 5)), np.zeros(2), 0.1)
+    save_quality(quality, str(tmp_path / "q.npz"), "bundled:all-MiniLM-L6-v2")
+    assert load_quality(str(tmp_path / "q.npz")).models == ("a", "b")
+    with pytest.raises(ValueError, match="selection.path: .* 4 dimensions, the encoder's have 384"):
+        load_quality(str(tmp_path / "q.npz"), dimension=384)
+    (tmp_path / "bad.npz").write_bytes(b"not a file of arrays")
+    with pytest.raises(ValueError, match="selection.path: .* is not a quality model"):
+        load_quality(str(tmp_path / "bad.npz"))
+
+
+@pytest.mark.processes
+def test_select_fit_writes_a_config_that_serves_the_quality_model(tmp_path):
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({
+        "routes": [{"name": "math", "models": ["frontier", "large", "small", "nano"], "utterances": ["solve 2x = 4"]}],
+        "default_route": {"name": "general", "models": ["frontier", "medium", "nano"]}}))
+    texts = [f"question {i} about {t}" for i in range(60) for t in ("algebra", "travel", "cooking")]
+    rows = synthetic(texts, [t.rsplit(" ", 1)[1] for t in texts], [t.rsplit(" ", 1)[1] for t in texts], seed=1)
+    write_rows(rows, tmp_path / "rows.jsonl")
+    done = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(config), "--rows",
+                           str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "fitted.yaml"), "--floor", "0.6"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    fitted = load_config(tmp_path / "fitted.yaml")
+    assert fitted.selection.path == str(tmp_path / "fitted.quality.npz") and fitted.selection.quality_floor == 0.6
+    assert fitted.selection.prices == {"nano": 1.0, "small": 3.0, "medium": 8.0, "large": 20.0, "frontier": 50.0}
+    assert "selection.path: fitted.quality.npz" in done.stdout or "fitted.quality.npz" in done.stdout
+    assert load_quality(fitted.selection.path, dimension=384).models == ("nano", "small", "medium", "large", "frontier")
+    wrong = tmp_path / "wrong.jsonl"
+    write_rows([ScoreRow("q", "not-a-model", 0.5)], wrong)
+    refused = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(config), "--rows", str(wrong),
+                              "--out", str(tmp_path / "x.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not-a-model" in refused.stderr
