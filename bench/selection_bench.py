@@ -141,7 +141,8 @@ def main() -> None:
     else:
         def load(name):
             return [json.loads(line) for line in open(SHARED / "clinc150" / f"{name}.jsonl")]
-        train_rows = [load("train")[i] for i in rng.permutation(15100)[: args.train]]
+        every_train = load("train")
+        train_rows = [every_train[i] for i in rng.permutation(len(every_train))[: args.train]]
         test_rows = load("val")
         rows = train_rows + test_rows
         every = matrix(synthetic([r["text"] for r in rows], [r["label"] for r in rows], [r["intent"] for r in rows],

@@ -102,33 +102,44 @@ class Selector:
         self.strategy, self.floor, self.budget, self.lam = strategy, floor, budget, lam
         self._index = {m: i for i, m in enumerate(quality.models)}
         self._prices = np.asarray([float(prices.get(m, 1.0)) for m in quality.models])
+        self._parts: dict[tuple[str, ...], tuple] = {}
 
     def order(self, models: tuple[str, ...], vector: np.ndarray) -> Selected | None:
         """None where fewer than two of `models` are known (nothing to choose between), or `vector` is
         not of the quality model's encoder (serving refuses such a file at load; never a failed request)."""
-        known = [m for m in models if m in self._index]
-        if len(known) < 2 or vector.shape[-1] != self.quality.weights.shape[1] - 1:
+        part = self._parts.get(models)
+        if part is None:
+            part = self._parts[models] = self._part(models)
+        known, unknown, weights, bias, margins, prices = part
+        if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None
-        idx = np.asarray([self._index[m] for m in known])
-        w = self.quality.weights[idx]
-        predicted = w[:, :-1] @ vector + w[:, -1]
-        prices = self._prices[idx]
-        rank = self._rank(predicted, self.quality.margins[idx], prices)
-        ordered = tuple(known[i] for i in rank) + tuple(m for m in models if m not in self._index)
+        predicted = weights @ vector + bias
+        rank = self._rank(predicted, margins, prices)
         first = rank[0]
-        return Selected(ordered, float(predicted[first]), float(prices[first]))
+        return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]))
+
+    def _part(self, models: tuple[str, ...]) -> tuple:
+        """What order() reads for one tuple of candidates (a route's capable models: a config's few)."""
+        known = tuple(m for m in models if m in self._index)
+        idx = np.asarray([self._index[m] for m in known], dtype=np.int64)
+        w = self.quality.weights[idx]
+        return (known, tuple(m for m in models if m not in self._index), np.ascontiguousarray(w[:, :-1]), w[:, -1],
+                self.quality.margins[idx], self._prices[idx])
 
     def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray) -> list[int]:
+        # A route's few models: Python's sort on floats beats numpy's per-call cost here.
+        score, price = predicted.tolist(), prices.tolist()
+        n = range(len(score))
         if self.strategy == "cheapest_meeting_floor":
-            bound = predicted - margins
-            meets = bound >= self.floor
+            bound = (predicted - margins).tolist()
+            floor = self.floor
             # those predicted to meet the floor, cheapest first; then the rest, surest first
-            return sorted(range(len(prices)), key=lambda i: (not meets[i], prices[i] if meets[i] else -bound[i]))
+            return sorted(n, key=lambda i: (bound[i] < floor, price[i] if bound[i] >= floor else -bound[i]))
         if self.strategy == "best_within_budget":
-            within = prices <= (self.budget if self.budget is not None else np.inf)
-            return sorted(range(len(prices)), key=lambda i: (not within[i], -predicted[i]))
-        utility = predicted - self.lam * prices / prices.min()
-        return sorted(range(len(prices)), key=lambda i: -utility[i])
+            budget = self.budget if self.budget is not None else float("inf")
+            return sorted(n, key=lambda i: (price[i] > budget, -score[i]))
+        cheapest = min(price)
+        return sorted(n, key=lambda i: -(score[i] - self.lam * price[i] / cheapest))
 
 
 def selector_for(config) -> Selector | None:
