@@ -162,6 +162,8 @@ class ContinuousBatcher:
                 valid.append(n)
         if not valid:
             return out
+        # Whether the first of these finds the batcher with nothing queued (the idle escape, below).
+        alone = self._queue.depth[0] == 0 and not self._arrivals
         granted = self._queue.reserve(len(valid))
         if granted < len(valid):
             self.observer.on_dropped("overload", len(valid) - granted)
@@ -171,9 +173,9 @@ class ContinuousBatcher:
         now = time.monotonic()
         wait = self.predicted_wait() if valid else 0.0
         late = 0
-        for n in valid:
+        for k, n in enumerate(valid):
             text, deadline, reply = requests[n]
-            if now + wait > deadline and not self._idle_past(wait, deadline - now):
+            if now + wait > deadline and not (k == 0 and alone and self._idle_past(wait, deadline - now)):
                 late += 1
                 out[n] = WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
                 continue
@@ -187,13 +189,13 @@ class ContinuousBatcher:
         return out
 
     def _idle_past(self, wait: float, slack: float) -> bool:
-        """A batcher idle for longer than it predicts admits all the same: its prediction is then
-        only history (a model that was slow for a while), and refusing every request would never
-        let a batch run to show it fast again. Not a request with no more time than its answer
-        needs to get back (the margin): no model is that fast, and under load (a static tier
-        deciding most requests on the loop, the model's queue idle between them) it only timed out."""
-        return slack > self.margin and self._queue.depth[0] <= 1 and not self._arrivals \
-            and self._queue.idle_for() >= wait
+        """A batcher idle for longer than it predicts admits all the same (the first request that
+        finds nothing queued: submit_many): its prediction is then only history (a model that was
+        slow for a while), and refusing every request would never let a batch run to show it fast
+        again. Not a request with no more time than its answer needs to get back (the margin): no
+        model is that fast, and under load (a static tier deciding most requests on the loop, the
+        model's queue idle between them) it only timed out."""
+        return slack > self.margin and self._queue.idle_for() >= wait
 
     def predicted_wait(self) -> float:
         """Seconds until a request admitted now would have its embedding: until a lane may cut a

@@ -37,15 +37,15 @@ def cmd_select_fit(args: argparse.Namespace) -> int:
     quality = fit_quality(scores.models, vectors, scores.scores, alpha=args.alpha)
     out = Path(args.out)
     path = out.with_suffix(".quality.npz")
-    save_quality(quality, str(path), config.encoder.model)
     prices = {**dict(zip(scores.models, (round(float(c), 6) for c in scores.costs))), **config.selection.prices}
-    try:  # each replace builds the section again, checked as a loaded one is
+    try:  # each replace builds the section again, checked as a loaded one is; before any file is written
         fitted = replace_at(config, "selection", path=str(path.resolve()), prices=prices)
         if args.floor is not None:
             fitted = replace_at(fitted, "selection", quality_floor=args.floor)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    save_quality(quality, str(path), config.encoder.model)
     write_config(fitted, out, leading_comments(args.config))
     means = scores.scores.mean(axis=0)
     print(f"{len(scores.prompts)} prompts x {len(scores.models)} models; alpha {args.alpha}")

@@ -16,8 +16,11 @@ from esr_extproc.serving import Serving
 from esr_extproc.shedding import Admission, holders, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 
-# Headers the body answer may add (the six router headers, selection's two, content-length) plus one spare.
-HEADER_HEADROOM = 10
+
+def header_headroom(standard: tuple[str, ...]) -> int:
+    """Headers the body answer may add: every router header, the gateway's standard ones,
+    content-length, and one spare (a filter's own)."""
+    return len(replies.ROUTER_HEADERS) + len(standard) + 2
 
 
 @functools.lru_cache(maxsize=8)  # one set per configuration's standard headers
@@ -55,10 +58,11 @@ def on_headers(request: pb.ProcessingRequest, stream: RequestStream, current: Se
         # On an LLM path (a GET, say) Envoy's LLM routes still take it: by the undecided policy.
         return replies.headers_skip_body(spoofed, standard, "not_processed" if stream.path.endswith(LLM_PATHS) else None)
     limit = current.settings.max_request_headers if current else None
-    if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
+    room = header_headroom(standard)
+    if limit is not None and len(headers.headers.headers) + room > limit:
         # Envoy would fail the request with a 500 once the router adds its headers.
         metrics.BAD_REQUESTS.labels("too_many_headers").inc()
-        return refusal(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
+        return refusal(431, f"Too many request headers: at most {limit - room} on this gateway.",
                        "request_header_fields_too_large")
     too_large = declared_over_limit(h, limit_bytes)
     if too_large is not None:

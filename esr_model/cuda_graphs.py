@@ -97,7 +97,9 @@ class CudaGraphs:
             return None
         graph, ids_t, mask_t, out, host_ids, host_mask = self._graphs[shape]
         self.buckets.fill(ids, mask, host_ids.numpy(), host_mask.numpy())
-        ids_t.copy_(host_ids, non_blocking=True)
-        mask_t.copy_(host_mask, non_blocking=True)
-        graph.replay()
-        return out[: len(ids)].float().cpu().numpy()  # the one device->host copy (and sync)
+        # The graph's inputs were made in inference mode (capture): only there may they be written.
+        with self._torch.inference_mode():
+            ids_t.copy_(host_ids, non_blocking=True)
+            mask_t.copy_(host_mask, non_blocking=True)
+            graph.replay()
+            return out[: len(ids)].float().cpu().numpy()  # the one device->host copy (and sync)

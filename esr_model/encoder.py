@@ -176,9 +176,9 @@ def captured(model, device: str, max_seq_length: int):
                         model.tokenizer.pad_token_id or 0)
     try:
         graphs.capture()
-        with torch.inference_mode():
-            for ids, mask in check_batches(model, max_seq_length):
-                got = graphs.run(ids, mask)
+        for ids, mask in check_batches(model, max_seq_length):
+            got = graphs.run(ids, mask)  # outside inference mode, as the model thread calls it
+            with torch.inference_mode():
                 want = sentence_embeddings(model, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
                 want = want.float().cpu().numpy()
                 if got is None or got.shape != want.shape or (got * want).sum(-1).min() < 0.999:

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_tuning.jsonl import BadRecord, read_records
+from router.llm_body import content_text
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class ScoreMatrix:
 def read_rows(path: str | Path) -> list[ScoreRow]:
     def parse(row: dict) -> ScoreRow:
         prompt = row.get("prompt")
-        if prompt is None:
-            users = [m.get("content") for m in row["messages"] if m.get("role") == "user"]
+        if prompt is None:  # the last user message's text, as the server reads content (parts too)
+            users = [content_text(m.get("content")) for m in row["messages"] if m.get("role") == "user"]
             prompt = users[-1] if users else None
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("no prompt")
@@ -61,6 +62,8 @@ def read_rows(path: str | Path) -> list[ScoreRow]:
         if not 0.0 <= score <= 1.0:
             raise BadRecord(f"score {score} is not in [0, 1]")
         cost = row.get("cost")
+        if cost is not None and not float(cost) > 0:
+            raise BadRecord(f"cost {cost} is not positive (a free model: give it a small price)")
         return ScoreRow(prompt, str(row["model"]), score, None if cost is None else float(cost))
 
     return read_records(path, parse, '{"prompt": ..., "model": ..., "score": 0..1, "cost"?: ...}', "score rows")

@@ -47,7 +47,7 @@ def choose(predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, strat
         chosen = by_price[first]
         return np.where(meets.any(axis=1), chosen, np.argmax(bound, axis=1))
     if strategy == "best_within_budget":
-        allowed = prices <= budget
+        allowed = prices <= budget  # none within it: the cheapest (Selector does the same)
         if not allowed.any():
             allowed = prices == prices.min()
         return np.argmax(np.where(allowed, predicted, -np.inf), axis=1)
@@ -101,7 +101,11 @@ class Selector:
         self.quality = quality
         self.strategy, self.floor, self.budget, self.lam = strategy, floor, budget, lam
         self._index = {m: i for i, m in enumerate(quality.models)}
-        self._prices = np.asarray([float(prices.get(m, 1.0)) for m in quality.models])
+        missing = [m for m in quality.models if m not in prices]
+        if missing:
+            raise ConfigError(f"selection.prices: no price for {missing}, which the quality model chooses between")
+        self._prices = np.asarray([float(prices[m]) for m in quality.models])
+        self._cheapest = float(self._prices.min())
         self._parts: dict[tuple[str, ...], tuple] = {}
 
     def order(self, models: tuple[str, ...], vector: np.ndarray) -> Selected | None:
@@ -137,9 +141,11 @@ class Selector:
             return sorted(n, key=lambda i: (bound[i] < floor, price[i] if bound[i] >= floor else -bound[i]))
         if self.strategy == "best_within_budget":
             budget = self.budget if self.budget is not None else float("inf")
+            if all(p > budget for p in price):  # none within it: the cheapest, as choose() does
+                return sorted(n, key=lambda i: (price[i], -score[i]))
             return sorted(n, key=lambda i: (price[i] > budget, -score[i]))
-        cheapest = min(price)
-        return sorted(n, key=lambda i: -(score[i] - self.lam * price[i] / cheapest))
+        # relative to the quality model's cheapest, whatever the route: one lam means one trade-off
+        return sorted(n, key=lambda i: -(score[i] - self.lam * price[i] / self._cheapest))
 
 
 def selector_for(config) -> Selector | None:

@@ -627,3 +627,22 @@ def test_a_submitted_request_whose_caller_stops_waiting_is_never_computed():
         await b.aclose()
 
     asyncio.run(main())
+
+
+def test_an_idle_batcher_admits_the_first_of_a_read_past_an_old_prediction_and_refuses_the_rest():
+    async def main():
+        backend = FakeBackend()
+        b, _ = await start_batcher(backend)
+        for i in range(40):  # a model that was slow once: 5 s a batch, whatever its size
+            b.cost.observe(8 * (1 + i % 2), 5.0)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(3)]
+        soon = time.monotonic() + 1.0
+        b._queue._idle_since -= 60.0  # idle for a minute: longer than its predicted wait
+        outcomes = b.submit_many([(f"read {i}", soon, futures[i]) for i in range(3)])
+        kinds = [type(o).__name__ for o in outcomes]
+        assert kinds == ["WorkItem", "WouldMissDeadline", "WouldMissDeadline"]
+        np.testing.assert_allclose(await futures[0], vector_for("read 0"))  # it ran, and the model is relearned
+        await b.aclose()
+
+    asyncio.run(main())

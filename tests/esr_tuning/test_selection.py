@@ -21,7 +21,8 @@ def test_rows_read_as_a_matrix_of_prompts_every_model_scored(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [
         {"prompt": "a", "model": "x", "score": 0.5, "cost": 2.0},
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}], "model": "y", "score": 1},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}]}],
+         "model": "y", "score": 1},  # content parts read as the server reads them
         {"prompt": "b", "model": "x", "score": 0.25, "cost": 4.0},  # y never scored b: b is dropped
     ]) + "\n")
     m = matrix(read_rows(path), prices={"y": 7.0})
@@ -29,6 +30,9 @@ def test_rows_read_as_a_matrix_of_prompts_every_model_scored(tmp_path):
     assert m.scores.tolist() == [[0.5, 1.0]] and m.costs.tolist() == [3.0, 7.0]
     path.write_text(json.dumps({"prompt": "a", "model": "x", "score": 1.5}) + "\n")
     with pytest.raises(ValueError, match=r"rows.jsonl:1: score 1.5 is not in \[0, 1\]"):
+        read_rows(path)
+    path.write_text(json.dumps({"prompt": "a", "model": "x", "score": 1, "cost": 0}) + "\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: cost 0 is not positive"):
         read_rows(path)
 
 
@@ -77,6 +81,12 @@ def test_each_strategy_orders_the_models_and_the_failover_chain_follows():
     assert none_meet.order(("nano", "mid", "big"), v).models == ("big", "mid", "nano")  # surest first
     budget = Selector(quality, "best_within_budget", prices, 0.8, 6.0, 0.0)
     assert budget.order(("nano", "mid", "big"), v).models == ("mid", "nano", "big")
+    broke = Selector(quality, "best_within_budget", prices, 0.8, 0.5, 0.0)  # none within: the cheapest
+    assert broke.order(("big", "mid", "nano"), v).models == ("nano", "mid", "big")
+    # utility weighs price against the quality model's cheapest, whichever models a route has
+    assert Selector(quality, "utility", prices, 0.8, None, 0.0025).order(("mid", "big"), v).models == ("big", "mid")
+    with pytest.raises(ValueError, match=r"selection.prices: no price for \['big'\]"):
+        Selector(quality, "utility", {"nano": 1.0, "mid": 5.0}, 0.8, None, 0.0)
     assert Selector(quality, "utility", prices, 0.8, None, 0.001).order(("nano", "big"), v).models == ("big", "nano")
     assert Selector(quality, "utility", prices, 0.8, None, 0.1).order(("nano", "big"), v).models == ("nano", "big")
     assert floor.order(("mid", "other"), v) is None  # one known model: nothing to choose between
