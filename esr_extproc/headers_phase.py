@@ -17,10 +17,10 @@ from esr_extproc.shedding import Admission, holders, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 
 
-def header_headroom(standard: tuple[str, ...]) -> int:
-    """Headers the body answer may add: every router header, the gateway's standard ones,
-    content-length, and one spare (a filter's own)."""
-    return len(replies.ROUTER_HEADERS) + len(standard) + 2
+# Headers the body answer adds to nearly every request (the six router headers, selection's two,
+# content-length) plus one spare. Not all it may add: a truncated prompt, a skipped model and a
+# failover chain add three more, so a request within this of Envoy's limit can still meet it.
+HEADER_HEADROOM = 10
 
 
 @functools.lru_cache(maxsize=8)  # one set per configuration's standard headers
@@ -58,7 +58,7 @@ def on_headers(request: pb.ProcessingRequest, stream: RequestStream, current: Se
         # On an LLM path (a GET, say) Envoy's LLM routes still take it: by the undecided policy.
         return replies.headers_skip_body(spoofed, standard, "not_processed" if stream.path.endswith(LLM_PATHS) else None)
     limit = current.settings.max_request_headers if current else None
-    room = header_headroom(standard)
+    room = HEADER_HEADROOM
     if limit is not None and len(headers.headers.headers) + room > limit:
         # Envoy would fail the request with a 500 once the router adds its headers.
         metrics.BAD_REQUESTS.labels("too_many_headers").inc()
