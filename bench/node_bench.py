@@ -28,29 +28,12 @@ from pathlib import Path
 
 import yaml
 
+from bench.harness import tree_cpu
 from bench.report import emit, latency_stats
 from devstack.stack import ROOT, free_port
 
 COLUMNS = ("model", "front_ends", "static", "trial", "decisions_per_s", "p50_ms", "p99_ms", "front_end_us",
            "model_us", "fallbacks", "errors")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of `pid` and every process below it."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICKS
-            for tid in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
-
-
 def _config(workdir: Path, socket: str, front_ends: int, static: bool, device: str, model_dir: str | None) -> Path:
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     if model_dir:
@@ -152,9 +135,9 @@ def _trial(model: str, socket: str, model_pid: int, workdir: Path, front_ends: i
              "--seconds", str(args.seconds), "--start-at", str(start_at), "--seed", str(seed + i),
              "--most", str(args.most)], stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(args.loaders)]
         time.sleep(max(0.0, start_at - time.time()) + 0.5)  # measure inside the loaded window
-        before = (_tree_cpu(proc.pid), _tree_cpu(model_pid), time.monotonic())
+        before = (tree_cpu(proc.pid), tree_cpu(model_pid), time.monotonic())
         time.sleep(max(0.5, args.seconds - 1.0))
-        after = (_tree_cpu(proc.pid), _tree_cpu(model_pid), time.monotonic())
+        after = (tree_cpu(proc.pid), tree_cpu(model_pid), time.monotonic())
         results = [json.loads(loader.communicate(timeout=args.seconds + args.prepare_s + 120)[0]) for loader in loaders]
     finally:
         proc.terminate()

@@ -60,7 +60,7 @@ def _apgr(cost: np.ndarray, score: np.ndarray, weak: tuple[float, float], strong
 
 def evaluate(name: str, predicted: np.ndarray, margins: np.ndarray, scores: np.ndarray, prices: np.ndarray,
              floor: float, alpha: float, seed: int) -> dict:
-    from router.selection import choose
+    from router.selection import rank
 
     lams = np.concatenate([[0.0], np.geomspace(1e-5, 1.0, 80)])
     cost, curve = _curve(*_sweep(predicted, scores, prices, lams))
@@ -101,7 +101,7 @@ def evaluate(name: str, predicted: np.ndarray, margins: np.ndarray, scores: np.n
             boot = [diffs[rng.integers(0, len(diffs), len(diffs))].mean() for _ in range(400)]
             low, high = np.percentile(boot, [2.5, 97.5])
             out.append({"model": m, "diff": round(float(diffs.mean()), 4), "ci": [round(float(low), 4), round(float(high), 4)]})
-    chosen = choose(predicted, margins, prices, "cheapest_meeting_floor", floor=floor)
+    chosen = np.asarray([rank("cheapest_meeting_floor", row, margins, prices, floor)[0] for row in predicted])
     met = (predicted - margins).max(axis=1) >= floor
     got = scores[np.arange(len(scores)), chosen]
     return {"predictor": name, "cost_at_95pct": round(cost_95, 3), "oracle_cost_at_95pct": round(oracle_95, 3),

@@ -14,7 +14,7 @@ import numpy as np
 
 from batching import DeadlineExceeded, Embedder, ModelUnavailable, Overloaded, RemoteError
 from esr_app.placement import static_tier_on
-from esr_config import ConfigError, RouterConfig
+from esr_config import RouterConfig
 from esr_extproc.serving import ServiceSettings, Serving
 from esr_model.torch_threads import on_own_thread
 from filters.chain import FilterChain
@@ -48,12 +48,8 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
                            utterances=lookup, static=static)
-    selector = engine.models.selector
-    dimension = next(iter(lookup.values())).shape[-1] if lookup else None
-    if selector is not None and dimension is not None and selector.quality.weights.shape[1] != dimension + 1:
-        raise ConfigError(f"selection.path: {config.selection.path} reads embeddings of "
-                          f"{selector.quality.weights.shape[1] - 1} dimensions, the encoder's have {dimension}: "
-                          "fit it again on this encoder (semantic-router select-fit)")
+    if engine.models.selector is not None and lookup:
+        engine.models.selector.quality.require_dimension(next(iter(lookup.values())).shape[-1], config.selection.path)
     return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings),
                    service_settings(config, engine))
 

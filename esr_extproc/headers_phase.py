@@ -58,11 +58,10 @@ def on_headers(request: pb.ProcessingRequest, stream: RequestStream, current: Se
         # On an LLM path (a GET, say) Envoy's LLM routes still take it: by the undecided policy.
         return replies.headers_skip_body(spoofed, standard, "not_processed" if stream.path.endswith(LLM_PATHS) else None)
     limit = current.settings.max_request_headers if current else None
-    room = HEADER_HEADROOM
-    if limit is not None and len(headers.headers.headers) + room > limit:
+    if limit is not None and len(headers.headers.headers) + HEADER_HEADROOM > limit:
         # Envoy would fail the request with a 500 once the router adds its headers.
         metrics.BAD_REQUESTS.labels("too_many_headers").inc()
-        return refusal(431, f"Too many request headers: at most {limit - room} on this gateway.",
+        return refusal(431, f"Too many request headers: at most {limit - HEADER_HEADROOM} on this gateway.",
                        "request_header_fields_too_large")
     too_large = declared_over_limit(h, limit_bytes)
     if too_large is not None:

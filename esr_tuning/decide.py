@@ -12,7 +12,6 @@ import numpy as np
 from batching import ModelUnavailable
 from esr_config import RouterConfig
 from router.classifier import Decision, RouteClassifier
-from router.embedding_cache import EmbeddingCache
 from router.engine import RoutingEngine
 from router.rules import RequestFacts
 from router.static_tier import StaticTier
@@ -43,7 +42,7 @@ def decide_requests(config: RouterConfig, classifier: RouteClassifier, requests:
     """The decision of each request (its routed texts, oldest first, and what it asks of a model),
     as the server makes it with `static` as its first tier (None: off) and every text's vector
     at hand. No deadline: offline, the encoder always answers."""
-    engine = RoutingEngine(config, KnownVectors(vectors), classifier, cache=EmbeddingCache(0), static=static)
+    engine = RoutingEngine(config, KnownVectors(vectors), classifier, static=static)
 
     async def decide_all() -> list[Decision]:
         return [await engine.decide(list(texts), float("inf"), facts=facts) for texts, facts in requests]

@@ -35,25 +35,11 @@ class QualityModel:
         """(n, models) predicted scores of `vectors` (n, dimension)."""
         return vectors @ self.weights[:, :-1].T + self.weights[:, -1]
 
-
-def choose(predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, strategy: Strategy,
-           floor: float = 0.8, budget: float = np.inf, lam: float = 0.0) -> np.ndarray:
-    """The index of the model chosen for each row of `predicted` (n, models)."""
-    if strategy == "cheapest_meeting_floor":
-        bound = predicted - margins
-        by_price = np.argsort(prices, kind="stable")
-        meets = bound[:, by_price] >= floor
-        first = np.argmax(meets, axis=1)
-        chosen = by_price[first]
-        return np.where(meets.any(axis=1), chosen, np.argmax(bound, axis=1))
-    if strategy == "best_within_budget":
-        allowed = prices <= budget  # none within it: the cheapest (Selector does the same)
-        if not allowed.any():
-            allowed = prices == prices.min()
-        return np.argmax(np.where(allowed, predicted, -np.inf), axis=1)
-    if strategy == "utility":
-        return np.argmax(predicted - lam * prices / prices.min(), axis=1)
-    raise ConfigError(f"strategy {strategy!r}")
+    def require_dimension(self, dimension: int, path: str | None) -> None:
+        """ConfigError, naming the key, where this reads embeddings of another size than the encoder's."""
+        if self.weights.shape[1] != dimension + 1:
+            raise ConfigError(f"selection.path: {path} reads embeddings of {self.weights.shape[1] - 1} dimensions, "
+                              f"the encoder's have {dimension}: fit it again (semantic-router select-fit)")
 
 
 FORMAT = 1
@@ -76,9 +62,8 @@ def load_quality(path: str, dimension: int | None = None) -> QualityModel:
         raise ConfigError(f"selection.path: {path} is not a quality model ({type(exc).__name__})") from None
     if found != FORMAT:
         raise ConfigError(f"selection.path: {path} is of format {found}, not {FORMAT}: fit it again")
-    if dimension is not None and quality.weights.shape[1] != dimension + 1:
-        raise ConfigError(f"selection.path: {path} reads embeddings of {quality.weights.shape[1] - 1} dimensions, "
-                         f"the encoder's have {dimension}: fit it again (semantic-router select-fit)")
+    if dimension is not None:
+        quality.require_dimension(dimension, path)
     return quality
 
 
@@ -131,21 +116,29 @@ class Selector:
                 self.quality.margins[idx], self._prices[idx])
 
     def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray) -> list[int]:
-        # A route's few models: Python's sort on floats beats numpy's per-call cost here.
-        score, price = predicted.tolist(), prices.tolist()
-        n = range(len(score))
-        if self.strategy == "cheapest_meeting_floor":
-            bound = (predicted - margins).tolist()
-            floor = self.floor
-            # those predicted to meet the floor, cheapest first; then the rest, surest first
-            return sorted(n, key=lambda i: (bound[i] < floor, price[i] if bound[i] >= floor else -bound[i]))
-        if self.strategy == "best_within_budget":
-            budget = self.budget if self.budget is not None else float("inf")
-            if all(p > budget for p in price):  # none within it: the cheapest, as choose() does
-                return sorted(n, key=lambda i: (price[i], -score[i]))
-            return sorted(n, key=lambda i: (price[i] > budget, -score[i]))
-        # relative to the quality model's cheapest, whatever the route: one lam means one trade-off
-        return sorted(n, key=lambda i: -(score[i] - self.lam * price[i] / self._cheapest))
+        return rank(self.strategy, predicted, margins, prices, self.floor, self.budget, self.lam, self._cheapest)
+
+
+def rank(strategy: Strategy, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, floor: float = 0.8,
+         budget: float | None = None, lam: float = 0.0, cheapest: float | None = None) -> list[int]:
+    """The order `strategy` puts models in (indices into `predicted`, `margins`, `prices`), the
+    chosen first: what serves (Selector), and what the bench judges. `cheapest`: the price `utility`
+    weighs against (the quality model's cheapest; default: these prices' own)."""
+    # A route's few models: Python's sort on floats beats numpy's per-call cost here.
+    score, price = predicted.tolist(), prices.tolist()
+    n = range(len(score))
+    if strategy == "cheapest_meeting_floor":
+        bound = (predicted - margins).tolist()
+        # those predicted to meet the floor, cheapest first; then the rest, surest first
+        return sorted(n, key=lambda i: (bound[i] < floor, price[i] if bound[i] >= floor else -bound[i]))
+    if strategy == "best_within_budget":
+        limit = budget if budget is not None else float("inf")
+        if all(p > limit for p in price):  # none within it: the cheapest
+            return sorted(n, key=lambda i: (price[i], -score[i]))
+        return sorted(n, key=lambda i: (price[i] > limit, -score[i]))
+    # relative to one reference price, whatever the route: one lam means one trade-off
+    reference = cheapest if cheapest is not None else min(price)
+    return sorted(n, key=lambda i: -(score[i] - lam * price[i] / reference))
 
 
 def selector_for(config) -> Selector | None:

@@ -13,7 +13,7 @@ import pytest
 from esr_config import load_config
 from esr_tuning.score_matrix import ScoreRow, matrix, read_rows, synthetic, write_rows
 from esr_tuning.selection_fit import fit_quality, margins
-from router.selection import QualityModel, Selector, choose, load_quality, save_quality
+from router.selection import QualityModel, Selector, load_quality, rank, save_quality
 from tests.support import ROOT
 
 
@@ -91,7 +91,7 @@ def test_each_strategy_orders_the_models_and_the_failover_chain_follows():
     assert Selector(quality, "utility", prices, 0.8, None, 0.1).order(("nano", "big"), v).models == ("nano", "big")
     assert floor.order(("mid", "other"), v) is None  # one known model: nothing to choose between
     predicted = np.array([[0.70, 0.85, 0.95]])
-    assert choose(predicted, quality.margins, np.array([1.0, 5.0, 30.0]), "cheapest_meeting_floor", floor=0.78)[0] == 1
+    assert rank("cheapest_meeting_floor", predicted[0], quality.margins, np.array([1.0, 5.0, 30.0]), 0.78)[0] == 1
 
 
 def test_a_quality_model_file_is_refused_by_the_key_when_it_does_not_fit(tmp_path):
