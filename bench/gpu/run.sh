@@ -22,9 +22,12 @@ PY
 timeout 240 python3 -c "from esr_model.export import export; export('$MODEL'); from esr_model.static_embedding import ensure_static; print(ensure_static('$MODEL'))" \
   || echo "PART FAILED: static table (the node's static-on rows will fail)"
 
+LOGS=/tmp/gpu-logs; mkdir -p $LOGS
 part() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  grep -v '^ \|^{\|^}\|^\]\|^\[' "$OUT/$name.log" | tail -30; echo "--- $name rc=$rc in $((SECONDS - t0)) s"; }
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
+  grep -v '^ \|^{\|^}\|^\]\|^\[' "$LOGS/$name.log" | tail -30; echo "--- $name rc=$rc in $((SECONDS - t0)) s"
+  tar czf $OUT/logs.tgz -C $LOGS . 2>/dev/null; }
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 500 > $LOGS/gpu-util.csv 2>&1 &
 
 # 1. The forward pass alone: captured graphs against eager; host time per forward.
 part forward 120 python3 -m bench.gpu_forward --model $MODEL --batches 1 16 64 128 --repeats 40 --out "$OUT/forward.json"
@@ -32,5 +35,27 @@ part forward 120 python3 -m bench.gpu_forward --model $MODEL --batches 1 16 64 1
 part model_process 120 python3 -m bench.model_process_bench --model cuda --model-dir $MODEL --variants gpu \
   --loaders 4 --callers 128 --seconds 5 --trials 1 --out "$OUT/model_process.json"
 # 3. The node: N front-end processes feeding the model process, ext_proc load from four processes.
-part node 240 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends 6 --static off on \
-  --loaders 4 --streams 64 --seconds 6 --trials 1 --out "$OUT/node.json"
+part node 240 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends 6 10 --static off on \
+  --loaders 4 --streams 64 --seconds 5 --most 25000 --trials 1 --out "$OUT/node.json"
+# 4. One request at a time through one front end: the latency a lone caller sees.
+part c1 90 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends 1 --static off on \
+  --loaders 1 --streams 1 --seconds 4 --most 5000 --trials 1 --out "$OUT/c1.json"
+# 5. Held-out accuracy, the same config on the GPU (fp16) and on the CPU (ONNX Runtime fp32): CLINC150
+#    few-shot (10 utterances per intent, fitted on val's even lines, scored on its odd lines).
+for device in cpu cuda; do
+  python3 - $MODEL $device <<'PY'
+import sys, yaml
+config = yaml.safe_load(open(".gpu/clinc/few.fitted.yaml"))
+backend = "torch" if sys.argv[2] == "cuda" else "onnx"
+config["encoder"] = {**config.get("encoder", {}), "model": sys.argv[1], "device": sys.argv[2], "backend": backend}
+yaml.safe_dump(config, open(f"/tmp/clinc-{sys.argv[2]}.yaml", "w"))
+PY
+  part accuracy_$device 120 sh -c "python3 -m esr_app eval --config /tmp/clinc-$device.yaml --data .gpu/clinc/heldout.jsonl --json > $OUT/accuracy_$device.json"
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+rows = {d: json.load(open(f"{sys.argv[1]}/accuracy_{d}.json")) for d in ("cpu", "cuda")}
+for d, r in rows.items():
+    print(d, {k: v for k, v in r.items() if isinstance(v, (int, float))})
+PY
+kill %1 2>/dev/null; tar czf $OUT/logs.tgz -C $LOGS .; echo "all parts in $SECONDS s"
