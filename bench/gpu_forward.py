@@ -55,7 +55,7 @@ def main() -> None:
     encoders = {"graphs": _encoder(args.model, True), "eager": _encoder(args.model, False)}
     if encoders["graphs"]._graphs is None:
         print("cuda graphs were not captured (see the log): both rows run eagerly")
-    texts = prompts(max(args.batches) * args.repeats * args.trials * 2 + 1024, seed=int(time.time()))
+    texts = prompts(sum(args.batches) * args.repeats * args.trials * 2 + 1024, seed=int(time.time()))
     ids = encoders["eager"].tokenize(texts)
     for encoder in encoders.values():  # warm: every bucket and the allocator
         for n in args.batches:

@@ -113,7 +113,7 @@ def loader_main(args) -> None:
 
     texts = prompts(args.most, args.seed)
     out = event_loop.run(_load(args.port, args.streams, args.seconds, args.start_at, texts), "auto")
-    print(json.dumps(out))
+    Path(args.result).write_text(json.dumps(out))  # a file: a pipe's reader may see a long line cut
 
 
 def _trial(model: str, socket: str, model_pid: int, workdir: Path, front_ends: int, static: bool, trial: int,
@@ -133,12 +133,15 @@ def _trial(model: str, socket: str, model_pid: int, workdir: Path, front_ends: i
         loaders = [subprocess.Popen(
             [sys.executable, "-m", "bench.node_bench", "load", "--port", str(port), "--streams", str(args.streams),
              "--seconds", str(args.seconds), "--start-at", str(start_at), "--seed", str(seed + i),
-             "--most", str(args.most)], stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(args.loaders)]
+             "--most", str(args.most), "--result", str(workdir / f"load-{i}.json")], cwd=ROOT)
+            for i in range(args.loaders)]
         time.sleep(max(0.0, start_at - time.time()) + 0.5)  # measure inside the loaded window
         before = (tree_cpu(proc.pid), tree_cpu(model_pid), time.monotonic())
         time.sleep(max(0.5, args.seconds - 1.0))
         after = (tree_cpu(proc.pid), tree_cpu(model_pid), time.monotonic())
-        results = [json.loads(loader.communicate(timeout=args.seconds + args.prepare_s + 120)[0]) for loader in loaders]
+        for loader in loaders:
+            loader.wait(timeout=args.seconds + args.prepare_s + 120)
+        results = [json.loads((workdir / f"load-{i}.json").read_text()) for i in range(args.loaders)]
     finally:
         proc.terminate()
         proc.wait(60)
@@ -175,6 +178,7 @@ def main() -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--start-at", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result", help="(load) where the load generator writes its answers")
     p.add_argument("--out")
     args = p.parse_args()
     if args.mode == "load":
