@@ -89,7 +89,7 @@ class _Counted:
         return getattr(self._backend, name)
 
 
-def _config(model: str, device: str, model_dir: str | None):
+def _config(model: str, device: str, model_dir: str | None, max_batch: int | None = None):
     from esr_config import load_config
     from esr_settings import replace_at
     from devstack.stack import ROOT
@@ -99,6 +99,9 @@ def _config(model: str, device: str, model_dir: str | None):
         config = replace_at(config, "encoder", backend="torch", half_precision=True)
     if model_dir:
         config = replace_at(config, "encoder", model=model_dir)
+    if max_batch:
+        queue = max(config.batching.max_queue_requests, max_batch)
+        config = replace_at(config, "batching", max_batch_size=max_batch, max_queue_requests=queue)
     return config
 
 
@@ -108,7 +111,7 @@ def serve(args) -> None:
     from esr_app.embedding import make_backend
     from esr_app.model_process import ModelProcess
 
-    config = _config(args.model, args.device, args.model_dir)
+    config = _config(args.model, args.device, args.model_dir, args.max_batch)
     backend = _stand_in(args.device, args.forward_ms) if args.model == "stand-in" else _Counted(make_backend(config))
     stats = args.stats
 
@@ -193,10 +196,13 @@ def _counts(procs: list[subprocess.Popen]) -> tuple[int, int]:
 
 
 def _trial(variant: str, trial: int, args) -> dict:
-    device = "cuda" if variant == "gpu" else "cpu"
+    settings, _, max_batch = variant.partition(":")
+    device = "cuda" if settings == "gpu" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         socket, stats = f"{tmp}/model.sock", f"{tmp}/stats.json"
         serve_args = ["--model", args.model, "--device", device, "--forward-ms", str(args.forward_ms)]
+        if max_batch:
+            serve_args += ["--max-batch", max_batch]
         if args.model_dir:
             serve_args += ["--model-dir", args.model_dir]
         proc = subprocess.Popen([sys.executable, "-m", "bench.model_process_bench", "serve", "--socket", socket,
@@ -207,7 +213,7 @@ def _trial(variant: str, trial: int, args) -> dict:
                 if proc.poll() is not None or time.monotonic() > until:
                     raise RuntimeError("the model process did not start")
                 time.sleep(0.2)
-            seed = (trial * 2 + (variant == "gpu")) * 1000 + int(time.time()) * 100_000
+            seed = (trial * 2 + (device == "cuda")) * 1000 + len(variant) + int(time.time()) * 100_000
             _counts(_loaders(args, socket, 1.0, seed, 1.0)[0])  # warm: connected, first batches run
             procs, start_at = _loaders(args, socket, args.seconds, seed + 500, args.prepare_s)
             time.sleep(max(0.0, start_at - time.time()))
@@ -248,7 +254,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--forward-ms", type=float, default=1.0)
     p.add_argument("--trials", type=int, default=2)
-    p.add_argument("--variants", default="cpu,gpu")
+    p.add_argument("--variants", default="cpu,gpu",
+                   help="cpu, gpu: the batching settings the router resolves for each; gpu:128, cpu:32...: "
+                        "with that batching.max_batch_size")
+    p.add_argument("--max-batch", type=int, help="(serve) batching.max_batch_size")
     p.add_argument("--socket")
     p.add_argument("--device", default="cpu")
     p.add_argument("--stats")

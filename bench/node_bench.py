@@ -33,7 +33,7 @@ from bench.report import emit, latency_stats
 from devstack.stack import ROOT, free_port
 
 COLUMNS = ("model", "front_ends", "static", "trial", "decisions_per_s", "p50_ms", "p99_ms", "front_end_us",
-           "model_us", "fallbacks", "errors")
+           "model_us", "loader_us", "fallbacks", "errors")
 def _config(workdir: Path, socket: str, front_ends: int, static: bool, device: str, model_dir: str | None) -> Path:
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     if model_dir:
@@ -112,7 +112,9 @@ def loader_main(args) -> None:
     from tests.support.traffic import prompts
 
     texts = prompts(args.most, args.seed)
+    began = time.process_time()
     out = event_loop.run(_load(args.port, args.streams, args.seconds, args.start_at, texts), "auto")
+    out["cpu_s"] = time.process_time() - began  # is the load generator the limit? (its CPU per answer)
     Path(args.result).write_text(json.dumps(out))  # a file: a pipe's reader may see a long line cut
 
 
@@ -157,6 +159,7 @@ def _trial(model: str, socket: str, model_pid: int, workdir: Path, front_ends: i
             "decisions_per_s": round(rate, 1), "p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"],
             "front_end_us": round((after[0] - before[0]) / max(window, 1) * 1e6, 1),
             "model_us": round((after[1] - before[1]) / max(window, 1) * 1e6, 1),
+            "loader_us": round(sum(r["cpu_s"] for r in results) / max(answers, 1) * 1e6, 1),
             "fallbacks": sum(v for k, v in reasons.items() if k.startswith("fallback")),
             "errors": sum(r["errors"] for r in results), "reasons": reasons}
 
