@@ -85,7 +85,7 @@ MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.
 	tests/integration/test_bad_input.py tests/integration/test_edge_adversarial.py \
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
 	tests/integration/test_decisions.py tests/integration/test_conversation.py tests/integration/test_failover.py \
-	tests/integration/test_undecided.py
+	tests/integration/test_undecided.py tests/integration/test_selection_feedback.py
 # Tests marked `exclusive` assert timing under a load they make themselves: each runs alone, after the rest.
 test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS)

@@ -219,10 +219,11 @@ BODY_MODE_ENV = "ESR_STACK_BODY_MODE"
 @contextlib.contextmanager
 def stack_with(workdir: Path, change: Callable[[dict], None],
                envoy_change: Callable[[dict], None] | None = None,
-               envoy_patch: Callable[[dict], None] | None = None) -> Iterator[Stack]:
+               envoy_patch: Callable[[dict], None] | None = None,
+               router_env: Mapping[str, str] | None = None) -> Iterator[Stack]:
     """A private stack on router.yaml as `change` edits it (Envoy's config rendered from the edit,
     or from it as `envoy_change` edits it further: a gateway that differs from the router's own;
-    `envoy_patch` edits the rendered Envoy config itself)."""
+    `envoy_patch` edits the rendered Envoy config itself; `router_env`: the router's environment added to)."""
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     change(config)
     if os.environ.get(BODY_MODE_ENV):  # the whole suite through another body mode (make test runs both)
@@ -234,7 +235,7 @@ def stack_with(workdir: Path, change: Callable[[dict], None],
         envoy_config = workdir / "envoy-source.yaml"
         envoy_config.write_text(yaml.safe_dump(config))
     s = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml",
-              envoy_config=envoy_config, envoy_patch=envoy_patch)
+              envoy_config=envoy_config, envoy_patch=envoy_patch, router_env=router_env)
     s.start()
     try:
         yield s

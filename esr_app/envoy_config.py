@@ -140,6 +140,8 @@ _EXT_PROC_OFF = {"envoy.filters.http.ext_proc": {
     "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True}}
 NOT_FOUND = ('{"error":{"message":"Not found: this gateway serves only LLM API paths.",'
              '"type":"invalid_request_error","param":null,"code":"not_found"}}')
+FEEDBACK_UNTAKEN = ('{"error":{"message":"The router did not take this score; post it again shortly.",'
+                    '"type":"api_error","param":null,"code":"feedback_not_taken"}}')
 UNDECIDED_REFUSED = ('{"error":{"message":"The gateway could not examine this request; retry shortly.",'
                      '"type":"api_error","param":null,"code":"router_unavailable"}}')
 # The router's mark (headers.DECIDED_NAMESPACE): present on every request it decided.
@@ -199,6 +201,10 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         r["stat_prefix"] = UNDECIDED_STATS
     routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
                for prefix in config.envoy.passthrough_paths]
+    feedback = config.selection.feedback
+    if feedback.enabled:  # the router answers a score itself; this reply only where it did not
+        routes.append({"match": {"path": feedback.path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
+                       **_json_reply(503, FEEDBACK_UNTAKEN, {"retry-after": "1"})})
     routes.append({"match": {"prefix": "/"}, **_json_reply(404, NOT_FOUND, {}), "typed_per_filter_config": _EXT_PROC_OFF})
     return routes
 

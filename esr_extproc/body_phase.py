@@ -12,6 +12,7 @@ from esr_cache.keys import tenant_of
 from esr_extproc import metrics, replies, routed_answer
 from esr_extproc.body_parser import BodyParser
 from esr_extproc.cache_lookup import cached_answer, handed_off
+from esr_extproc.feedback_answer import feedback_answer
 from esr_extproc.json_scan import AMBIGUOUS, BadBody
 from esr_extproc.records import DecisionRecorder
 from esr_extproc.request_reader import read_request, unread
@@ -47,7 +48,10 @@ async def answer_body(stream: RequestStream, current: Serving | None, bodies: Bo
 async def decide(stream: RequestStream, current: Serving | None, bodies: BodyParser,
                  records: DecisionRecorder | None, tracing: Tracing | None) -> pb.ProcessingResponse:
     """The answer to a request's whole body: read, decided by the filter chain, answered (routed,
-    refused, or from the response cache), recorded."""
+    refused, or from the response cache), recorded; a score for selection feedback is answered by
+    the router itself."""
+    if stream.feedback_call:
+        return feedback_answer(stream, current)
     started = time.perf_counter()
     if current is None:  # model still loading: let Envoy's default route take it
         metrics.REQUESTS.labels("not_ready").inc()

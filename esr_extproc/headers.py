@@ -13,6 +13,9 @@ TIER = "x-semantic-route-tier"  # which cascade tier's model decided: static or 
 # score and its price.
 SELECTED_QUALITY = "x-semantic-selected-quality"
 SELECTED_PRICE = "x-semantic-selected-price"
+# Where selection feedback is on: the signed id an evaluator posts back with the answer's score
+# (router/feedback.py). Shown to clients, who hand it to their evaluator.
+SELECTION_ID = "x-semantic-selection-id"
 # The route's models passed over for what they lack, "model:capability" comma-separated (router/capabilities.py).
 SKIPPED = "x-semantic-route-skipped"
 # The models Envoy tries in turn, comma-separated, where there are two or more: it routes the request
@@ -30,7 +33,7 @@ WRITTEN_MODEL = "x-semantic-router-written-model"
 MODEL_METADATA = "semantic_router"  # the endpoint metadata namespace naming a backend's model
 
 ROUTER_HEADERS = (SELECTED_MODEL, ROUTE, SCORE, REASON, CONFIDENCE, TRUNCATED, TIER, SKIPPED, CHAIN, MODEL_AT,
-                  SELECTED_QUALITY, SELECTED_PRICE)
+                  SELECTED_QUALITY, SELECTED_PRICE, SELECTION_ID)
 # Set by the rendered Envoy config's answer keeper (a Lua filter before the router, after Envoy has
 # dropped every client's copy): "Envoy hands this request's answer to the router whole", so the
 # router need not watch it stream past (esr_extproc/keeper.py). Removed before the backend.
@@ -54,7 +57,7 @@ PINNED_NAMESPACE = "semantic_router.pinned"
 # (envoy.undecided). Only the router's answers write this namespace: a client cannot, and no header
 # or body can forge or replay it (docs/bad-input.md#undecided-requests).
 DECIDED_NAMESPACE = "semantic_router.decided"
-SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED)  # copied onto responses by Envoy
+SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED, SELECTION_ID)  # copied onto responses by Envoy
 # Set on responses by the rendered config: the model that answered (an attempt's upstream filter, or
 # the route) and how many models were tried (docs/failover.md).
 SERVED_MODEL = "x-semantic-route-served-model"

@@ -17,10 +17,10 @@ from esr_extproc.shedding import Admission, holders, waited_s
 from esr_extproc.stream import RequestStream, canonical_path
 
 
-# Headers the body answer adds to nearly every request (the six router headers, selection's two,
+# Headers the body answer adds to nearly every request (the six router headers, selection's three,
 # content-length) plus one spare. Not all it may add: a truncated prompt, a skipped model and a
 # failover chain add three more, so a request within this of Envoy's limit can still meet it.
-HEADER_HEADROOM = 10
+HEADER_HEADROOM = 11
 
 
 @functools.lru_cache(maxsize=8)  # one set per configuration's standard headers
@@ -53,6 +53,11 @@ def on_headers(request: pb.ProcessingRequest, stream: RequestStream, current: Se
     spoofed = not _spoofable(standard).isdisjoint(h)
     if spoofed:
         metrics.BAD_REQUESTS.labels("spoofed_router_header").inc()
+    feedback = current.engine.feedback if current is not None else None
+    if feedback is not None:
+        stream.feedback_path = feedback.path
+        if stream.feedback_call:  # a score for selection: its body is read, never routed nor shed
+            return replies.headers_continue(spoofed, False, standard, buffer_body=stream.streamed)
     if not stream.llm_call:
         metrics.REQUESTS.labels("not_processed").inc()
         # On an LLM path (a GET, say) Envoy's LLM routes still take it: by the undecided policy.

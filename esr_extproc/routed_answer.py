@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from esr_extproc import metrics, replies
 from esr_extproc.body_rewrite import WireBody, forwarded_body
 from esr_extproc.headers import (CHAIN, CONFIDENCE, MODEL_AT, REASON, ROUTE, SCORE, SELECTED_MODEL, SELECTED_PRICE,
-                                 SELECTED_QUALITY, SKIPPED, TIER, TRUNCATED)
+                                 SELECTED_QUALITY, SELECTION_ID, SKIPPED, TIER, TRUNCATED)
 from esr_extproc.serving import ServiceSettings
 from filters.builtin import openai_error
 from filters.context import ImmediateReply, RequestContext
@@ -72,6 +72,8 @@ def routed(ctx: RequestContext | None, wire: WireBody | None, decision: Decision
     if decision.predicted_quality is not None:
         headers[SELECTED_QUALITY] = f"{decision.predicted_quality:.3f}"
         headers[SELECTED_PRICE] = f"{decision.price:g}"
+    if decision.selection_id is not None:
+        headers[SELECTION_ID] = decision.selection_id
     new_body = None
     if ctx is not None and wire is not None:
         headers = {**_safe_extra(ctx), **headers}

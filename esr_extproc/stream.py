@@ -29,7 +29,8 @@ def canonical_path(path: str) -> str:
 
 class RequestStream:
     __slots__ = ("started", "path", "method", "headers", "body", "body_bytes", "encoding", "body_mode", "admitted", "holders",
-                 "held_headers", "unbuffered", "cache", "trace_metadata", "outcome")
+                 "held_headers", "unbuffered", "cache", "trace_metadata", "outcome",
+                 "feedback_path")
 
     def __init__(self) -> None:
         # The request's budget runs from the first message the router sees (earlier where Envoy's
@@ -50,6 +51,7 @@ class RequestStream:
         self.cache: CacheExchange | None = None  # None: its answer is neither looked up nor kept
         self.trace_metadata: tuple = ()  # the ext_proc call's metadata, when tracing (its traceparent)
         self.outcome: tuple | None = None  # (decision, requested model, cache result), once decided
+        self.feedback_path: str | None = None  # where selection feedback is on: the path scores are posted to
 
     @property
     def duplex(self) -> bool:
@@ -65,7 +67,12 @@ class RequestStream:
 
     @property
     def llm_call(self) -> bool:
-        return self.method == "POST" and self.path.endswith(LLM_PATHS)
+        """A call the router reads the body of: an LLM API call, or a score for selection feedback."""
+        return self.method == "POST" and (self.path.endswith(LLM_PATHS) or self.path == self.feedback_path)
+
+    @property
+    def feedback_call(self) -> bool:
+        return self.method == "POST" and self.path == self.feedback_path
 
     def from_attributes(self, request: pb.ProcessingRequest) -> None:
         """Path and method from the attributes Envoy attaches to the first message it sends

@@ -87,12 +87,15 @@ class ModelChoice:
         if not capable:
             return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier, skipped=skipped)
         if self.selector is not None and vector is not None and len(capable) > 1:
-            selected = self.selector.order(capable, vector)
+            selected = self.selector.order(capable, vector, decision.route)
             if selected is not None:
                 metrics.child(metrics.SELECTED, selected.models[0]).inc()
                 metrics.child(metrics.SPEND, selected.models[0]).inc(selected.price)
                 metrics.PREDICTED_QUALITY.observe(selected.quality)
-                decision = dataclasses.replace(decision, predicted_quality=selected.quality, price=selected.price)
+                if selected.explored:
+                    metrics.child(metrics.EXPLORED, selected.models[0]).inc()
+                decision = dataclasses.replace(decision, predicted_quality=selected.quality, price=selected.price,
+                                               selection_id=selected.selection_id)
                 capable = selected.models
         return self._chosen(decision, capable, skipped)
 

@@ -34,6 +34,7 @@ class Decision:
     # model's predicted score and its price.
     predicted_quality: float | None = None
     price: float | None = None
+    selection_id: str | None = None  # where selection feedback is on: what an evaluator scores the answer by
 
 
 ENCODER = "encoder"  # the tier a RouteClassifier decides as, unless told otherwise (router/static_tier.py)

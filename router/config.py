@@ -343,6 +343,29 @@ class RequestsConfig:
 
 
 @dataclass(frozen=True)
+class SelectionFeedbackConfig:
+    """Scores posted after the answer, folded into selection (router/feedback.py)."""
+
+    enabled: bool = False
+    # The environment variable holding the bearer token evaluators send; it also signs selection ids,
+    # so every process of a pool (and every replica given the same token) accepts the others' ids.
+    token_env: str = "SEMANTIC_ROUTER_FEEDBACK_TOKEN"
+    path: str = "/semantic-router/feedback"  # POSTed through the gateway; the router answers it itself
+    half_life: float = 200.0  # scores after which a (route, model)'s past counts half
+    prior: float = 20.0  # scores before a correction counts in full (it is shrunk towards 0 until then)
+    explore: float = 0.02  # share of selected requests sent to another capable model, to keep scores coming
+    max_age_s: float = 86400.0  # an id older than this is refused
+
+    def __post_init__(self):
+        require(self.half_life >= 1, "half_life", "must be at least 1")
+        require(self.prior >= 0, "prior", "must not be negative")
+        require(0.0 <= self.explore <= 0.2, "explore", "must be between 0 and 0.2")
+        require(self.max_age_s > 0, "max_age_s", "must be positive")
+        require(self.path.startswith("/") and "?" not in self.path, "path", "must be a path (/...) without a query")
+        require(bool(self.token_env), "token_env", "must name an environment variable")
+
+
+@dataclass(frozen=True)
 class SelectionConfig:
     """Which of a decided route's capable models serves a request, by predicted quality and price
     (router/selection.py; docs/model-selection.md). Off until `path` names a quality model
@@ -354,6 +377,7 @@ class SelectionConfig:
     budget: float | None = None  # best_within_budget: the most one request may cost, in the prices' unit
     lam: float = 0.0  # utility: predicted score less lam x price relative to the cheapest
     prices: dict = field(default_factory=dict)  # model -> price per request; select-fit writes the rows' costs
+    feedback: SelectionFeedbackConfig = field(default_factory=SelectionFeedbackConfig)
 
     def __post_init__(self):
         require(0.0 <= self.quality_floor <= 1.0, "quality_floor", "must be between 0 and 1")
@@ -364,6 +388,8 @@ class SelectionConfig:
                     f"prices.{model}", "must be a positive number")
         require(self.strategy != "best_within_budget" or self.budget is not None, "budget",
                 "best_within_budget needs a budget")
+        require(not self.feedback.enabled or self.path is not None, "feedback.enabled",
+                "feedback corrects a quality model: set selection.path")
 
 
 @dataclass(frozen=True)

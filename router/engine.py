@@ -17,7 +17,8 @@ from router.capabilities import ModelChoice
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import RequestFacts, Rules
-from router.selection import selector_for
+from router.feedback import FeedbackBook
+from router.selection import Feedback, selector_for
 from router.static_tier import StaticTier
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ def _fallback_reason(exc: Exception) -> str:
 class RoutingEngine:
     def __init__(self, config: RoutingConfig, batcher: Embedder, classifier: RouteClassifier,
                  cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None,
-                 static: StaticTier | None = None):
+                 static: StaticTier | None = None, book: FeedbackBook | None = None):
         """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
+        `book`: the selection feedback it had gathered (router/feedback.py), kept across the reload;
         `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones;
         `static`: the cascade's first tier (None: the encoder decides every request)."""
         self.config = config
@@ -63,7 +65,7 @@ class RoutingEngine:
         self.classifier = classifier
         self.rules = Rules(config)
         # which of the decided route's models serves the request (by quality and price where selection is on)
-        self.models = ModelChoice(config, selector_for(config.selection))
+        self.models = ModelChoice(config, selector_for(config.selection, book))
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it first, else the first
@@ -77,6 +79,12 @@ class RoutingEngine:
 
     # Each decision comes out with the model that serves the request chosen (router/capabilities.py,
     # by what the request asks: `facts`), in the same call: the request does not come back for it.
+
+    @property
+    def feedback(self) -> Feedback | None:
+        """Selection feedback (router/selection.py): its corrections so far and the ids it issues; None: off."""
+        selector = self.models.selector
+        return selector.feedback if selector is not None else None
 
     def default(self, reason: str, facts: RequestFacts = NO_FACTS) -> Decision:
         return self.models.choose(self.classifier.default(reason), facts)

@@ -44,6 +44,22 @@ SPEND = Counter(
     "The price of the models selection chose, summed (in the prices' unit), by model.",
     ["model"],
 )
+EXPLORED = Counter(
+    "semantic_router_selection_explored_total",
+    "Selected requests sent to another capable model than the ranked first, so that it keeps earning "
+    "feedback (selection.feedback.explore), by the model sent to.",
+    ["model"],
+)
+FEEDBACK = Counter(
+    "semantic_router_selection_feedback_total",
+    "Scores posted to the feedback path, by outcome (accepted|unauthorized|bad_body|bad_id|expired|repeated|off).",
+    ["outcome"],
+)
+CORRECTION = Gauge(
+    "semantic_router_selection_correction",
+    "What feedback adds to a model's predicted score on a route, after its last score (each process its own).",
+    ["route", "model"], multiprocess_mode="liveall",
+)
 NO_CAPABLE_MODEL = Counter(
     "semantic_router_no_capable_model_total",
     "Requests whose route had no model able to serve them, sent to the default route's models instead, by route.",

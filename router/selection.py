@@ -8,16 +8,23 @@ Strategies, per request, among the models given (the route's capable ones):
   does, the one with the highest such bound;
 - best_within_budget: the highest prediction among those priced within `budget`;
 - utility: the highest prediction less `lam` x price (prices relative to the cheapest).
+
+With feedback on (router/feedback.py), each prediction is first corrected by what scores said of
+that route and model, and a small share of requests explores: another capable model goes first.
 """
 
 from __future__ import annotations
 
+import hmac
+import os
+import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
 from esr_settings import ConfigError
+from router.feedback import FeedbackBook, SelectionIds
 
 Strategy = Literal["cheapest_meeting_floor", "best_within_budget", "utility"]
 
@@ -74,6 +81,25 @@ class Selected:
     models: tuple[str, ...]
     quality: float
     price: float
+    explored: bool = False  # the first model was drawn to earn scores, not ranked first
+    selection_id: str | None = None  # where feedback is on: what an evaluator scores this request by
+
+
+@dataclass
+class Feedback:
+    """What a selector needs of feedback: the corrections it applies, the ids it issues, how often it
+    explores (and the draw that decides: random.random, or a test's)."""
+
+    book: FeedbackBook
+    ids: SelectionIds
+    explore: float
+    path: str  # where evaluators post scores
+    token: bytes  # what they authenticate with (Authorization: Bearer ...)
+    draw: Callable[[], float] = random.random
+
+    def authorized(self, authorization: str) -> bool:
+        scheme, _, given = authorization.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token)
 
 
 class Selector:
@@ -82,8 +108,9 @@ class Selector:
     not know keep their ranked place after those it does."""
 
     def __init__(self, quality: QualityModel, strategy: Strategy, prices: dict[str, float], floor: float,
-                 budget: float | None, lam: float):
+                 budget: float | None, lam: float, feedback: Feedback | None = None):
         self.quality = quality
+        self.feedback = feedback
         self.strategy, self.floor, self.budget, self.lam = strategy, floor, budget, lam
         self._index = {m: i for i, m in enumerate(quality.models)}
         missing = [m for m in quality.models if m not in prices]
@@ -93,9 +120,10 @@ class Selector:
         self._cheapest = float(self._prices.min())
         self._parts: dict[tuple[str, ...], tuple] = {}
 
-    def order(self, models: tuple[str, ...], vector: np.ndarray) -> Selected | None:
+    def order(self, models: tuple[str, ...], vector: np.ndarray, route: str = "") -> Selected | None:
         """None where fewer than two of `models` are known (nothing to choose between), or `vector` is
-        not of the quality model's encoder (serving refuses such a file at load; never a failed request)."""
+        not of the quality model's encoder (serving refuses such a file at load; never a failed request).
+        `route`: the decided route, whose feedback corrects the predictions."""
         part = self._parts.get(models)
         if part is None:
             part = self._parts[models] = self._part(models)
@@ -103,9 +131,21 @@ class Selector:
         if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None
         predicted = weights @ vector + bias
+        feedback = self.feedback
+        if feedback is None:
+            rank = self._rank(predicted, margins, prices)
+            return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[rank[0]]), float(prices[rank[0]]))
+        corrections = feedback.book.corrections(route, known)
+        if corrections is not None:
+            predicted = predicted + np.asarray(corrections, dtype=predicted.dtype)
         rank = self._rank(predicted, margins, prices)
+        explored = feedback.explore > 0 and feedback.draw() < feedback.explore
+        if explored:  # another capable model first, drawn evenly; the rest keep their order
+            rank.insert(0, rank.pop(1 + int(feedback.draw() * (len(rank) - 1)) % (len(rank) - 1)))
         first = rank[0]
-        return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]))
+        quality = float(predicted[first])
+        return Selected(tuple(known[i] for i in rank) + unknown, quality, float(prices[first]), explored,
+                        feedback.ids.issue(route, known[first], quality))
 
     def _part(self, models: tuple[str, ...]) -> tuple:
         """What order() reads for one tuple of candidates (a route's capable models: a config's few)."""
@@ -141,9 +181,22 @@ def rank(strategy: Strategy, predicted: np.ndarray, margins: np.ndarray, prices:
     return sorted(n, key=lambda i: -(score[i] - lam * price[i] / reference))
 
 
-def selector_for(config) -> Selector | None:
-    """The selector a config's `selection` section asks for (a SelectionConfig); None: off."""
+def selector_for(config, book: FeedbackBook | None = None) -> Selector | None:
+    """The selector a config's `selection` section asks for (a SelectionConfig); None: off. `book`:
+    the corrections feedback has made so far (a reload's), else a new one where feedback is on."""
     if config.path is None:
         return None
     return Selector(load_quality(config.path), config.strategy, config.prices, config.quality_floor, config.budget,
-                    config.lam)
+                    config.lam, feedback_for(config.feedback, book))
+
+
+def feedback_for(config, book: FeedbackBook | None = None) -> Feedback | None:
+    """Feedback as a SelectionFeedbackConfig asks for; ConfigError, naming the key, without its token."""
+    if not config.enabled:
+        return None
+    token = os.environ.get(config.token_env, "")
+    if len(token) < 16:
+        raise ConfigError(f"selection.feedback.token_env: set {config.token_env} to a secret of at least 16 "
+                          "characters (evaluators send it; it signs selection ids)")
+    return Feedback(book or FeedbackBook(config.half_life, config.prior), SelectionIds(token.encode(), config.max_age_s),
+                    config.explore, config.path, token.encode())

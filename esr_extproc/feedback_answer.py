@@ -1,0 +1,57 @@
+"""The router's own answer to a score posted to selection's feedback path (router/feedback.py):
+authenticated, checked, folded into this process's corrections, acknowledged. Never routed."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from esr_extproc import replies
+from esr_extproc.serving import Serving
+from esr_extproc.stream import RequestStream
+from filters.builtin import openai_error
+from filters.context import ImmediateReply
+from router import metrics
+from router.feedback import BadFeedback, parse_feedback
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 4096  # a score is a few dozen bytes
+_STATUS = {"unauthorized": 401, "bad_body": 400, "bad_id": 400, "expired": 410, "repeated": 409, "off": 404,
+           "too_large": 413, "encoded": 415}
+
+
+def _refused(kind: str, message: str) -> pb.ProcessingResponse:
+    metrics.FEEDBACK.labels(kind).inc()
+    log.debug("selection feedback refused", extra={"outcome": kind})
+    return replies.immediate(openai_error(_STATUS[kind], message, f"feedback_{kind}"), {}, details="semantic_router_feedback")
+
+
+def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.ProcessingResponse:
+    feedback = current.engine.feedback if current is not None else None
+    if feedback is None:  # off since the headers (a reload): nothing to fold it into
+        return _refused("off", "Selection feedback is not on at this gateway.")
+    if not feedback.authorized(stream.headers.get("authorization", "")):
+        return _refused("unauthorized", "Send the feedback token: Authorization: Bearer <token>.")
+    if stream.encoding is not None:
+        return _refused("encoded", "Send feedback uncompressed.")
+    if stream.body_bytes > MAX_BODY:
+        return _refused("too_large", f"A feedback body is at most {MAX_BODY} bytes.")
+    try:
+        try:
+            body = json.loads(b"".join(stream.body))
+        except ValueError:
+            raise BadFeedback("bad_body", "the body is not JSON") from None
+        selection_id, score = parse_feedback(body)
+        issued = feedback.ids.verify(selection_id)
+    except BadFeedback as bad:
+        return _refused(bad.kind, f"Feedback refused: {bad}")
+    feedback.book.add(issued.route, issued.model, issued.predicted, score)
+    correction = feedback.book.correction(issued.route, issued.model)
+    metrics.CORRECTION.labels(issued.route, issued.model).set(correction)
+    metrics.FEEDBACK.labels("accepted").inc()
+    answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model,
+                         "correction": round(correction, 4)}).encode()
+    return replies.immediate(ImmediateReply(200, answer), {}, details="semantic_router_feedback")

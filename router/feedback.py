@@ -1,0 +1,131 @@
+"""Scores that arrive after a request was served, folded into model selection: each selected request
+gets a signed selection id; an evaluator later posts that id with the score the answer earned, and
+the router moves its prediction for that route and model towards what was seen.
+
+Per (route, model) the router keeps an exponentially weighted mean of the residual (score seen less
+score predicted), shrunk towards zero until `prior` scores have arrived: a model whose answers got
+worse loses its traffic as the evidence accumulates, not on one bad score. A small, counted share of
+requests (`explore`) goes to another capable model so that a model that lost its traffic still earns
+scores, and can win it back.
+
+The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url, the MAC an HMAC-SHA256 of the rest
+under the feedback token: any process of a pool can verify an id another issued, and a client cannot
+make one up. Ids older than `max_age_s`, and ids already scored, are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import hmac
+import math
+import os
+import time
+from dataclasses import dataclass
+
+SEEN = 65_536  # ids scored recently, remembered to refuse a second score for the same request
+
+
+@dataclass(frozen=True)
+class Issued:
+    """What a verified selection id says of the request it was issued for."""
+
+    route: str
+    model: str
+    predicted: float
+    issued: float
+
+
+class BadFeedback(ValueError):
+    """A score the router refuses; `kind` names why (the metric's outcome label)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class SelectionIds:
+    """Issues and verifies selection ids under one secret."""
+
+    def __init__(self, secret: bytes, max_age_s: float, clock=time.time):
+        self._secret = secret
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def issue(self, route: str, model: str, predicted: float) -> str:
+        body = ".".join((_b64(route.encode()), _b64(model.encode()), str(round(predicted * 10_000)),
+                         str(round(self._clock())), _b64(os.urandom(6))))  # the last: two requests, two ids
+        return f"{body}.{self._mac(body)}"
+
+    def verify(self, selection_id: str) -> Issued:
+        """The request an id was issued for; BadFeedback where it is not ours, too old, or scored already."""
+        body, _, mac = selection_id.rpartition(".")
+        if not body or not hmac.compare_digest(mac, self._mac(body)):
+            raise BadFeedback("bad_id", "selection_id was not issued by this router")
+        route, model, predicted, issued, _ = body.split(".")
+        at = float(issued)
+        if self._clock() - at > self.max_age_s:
+            raise BadFeedback("expired", f"selection_id is older than {self.max_age_s:g} s")
+        if selection_id in self._seen:
+            raise BadFeedback("repeated", "this selection_id was scored already")
+        self._seen[selection_id] = None
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+        return Issued(_unb64(route).decode(), _unb64(model).decode(), int(predicted) / 10_000, at)
+
+    def _mac(self, body: str) -> str:
+        return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest()[:16])
+
+
+class FeedbackBook:
+    """Per (route, model): how far the quality model's predictions have been off, as scores said."""
+
+    def __init__(self, half_life: float = 200.0, prior: float = 20.0):
+        self._keep = 0.5 ** (1.0 / half_life)  # each new score weighs the past by this
+        self._prior = prior
+        self._state: dict[tuple[str, str], tuple[float, float]] = {}  # (weight, weighted mean residual)
+
+    def add(self, route: str, model: str, predicted: float, score: float) -> None:
+        weight, mean = self._state.get((route, model), (0.0, 0.0))
+        weight = weight * self._keep + 1.0
+        mean += (score - predicted - mean) / weight
+        self._state[(route, model)] = (weight, mean)
+
+    def correction(self, route: str, model: str) -> float:
+        """What to add to the model's predicted score on this route: the residual's mean, shrunk
+        towards 0 by how little evidence there is."""
+        weight, mean = self._state.get((route, model), (0.0, 0.0))
+        return mean * weight / (weight + self._prior)
+
+    def corrections(self, route: str, models: tuple[str, ...]) -> tuple[float, ...] | None:
+        """Each model's correction on `route`; None where none has had a score (nothing to add)."""
+        if not any((route, m) in self._state for m in models):
+            return None
+        return tuple(self.correction(route, m) for m in models)
+
+    def snapshot(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """(route, model) -> (correction, effective number of scores), for the metrics."""
+        return {k: (self.correction(*k), w) for k, (w, _) in self._state.items()}
+
+
+def parse_feedback(body: object) -> tuple[str, float]:
+    """(selection_id, score) from a feedback body `{"selection_id": str, "score": 0..1}`."""
+    if not isinstance(body, dict):
+        raise BadFeedback("bad_body", 'the body must be a JSON object {"selection_id": ..., "score": 0..1}')
+    selection_id, score = body.get("selection_id"), body.get("score")
+    if not isinstance(selection_id, str) or not 0 < len(selection_id) <= 1024:
+        raise BadFeedback("bad_body", "selection_id must be the x-semantic-selection-id the answer carried")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
+            or not 0.0 <= score <= 1.0:
+        raise BadFeedback("bad_body", "score must be a number between 0 and 1")
+    return selection_id, float(score)

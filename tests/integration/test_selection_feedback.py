@@ -1,0 +1,98 @@
+"""Selection feedback through a real Envoy: the answer carries a signed selection id, an evaluator
+posts its score to the gateway with the feedback token, and scores under the prediction move the
+route's traffic to the next model. A client without the token, a forged id and a second score for
+one request are refused, each with its status and counted."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from devstack.stack import stack_with
+from router.selection import QualityModel, save_quality
+
+TOKEN = "feedback-token-for-the-integration-test"
+PROMPT = "solve the equation 2x + 3 = 7 for x"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, envoy_binary):
+    workdir = tmp_path_factory.mktemp("feedback")
+    # Predictions that ignore the prompt: general-model 0.85, math-model 0.95 (bias only).
+    weights = np.zeros((2, 385), dtype=np.float32)
+    weights[:, -1] = (0.85, 0.95)
+    save_quality(QualityModel(("general-model", "math-model"), weights, np.array([0.02, 0.02], np.float32), 0.1),
+                 str(workdir / "quality.npz"), "bundled:all-MiniLM-L6-v2")
+
+    def selecting(config: dict) -> None:
+        math = next(r for r in config["routes"] if r["name"] == "math")
+        math["models"] = ["math-model", "general-model"]
+        config["static_tier"] = {"enabled": False}  # selection orders the encoder's decisions
+        config["selection"] = {"path": str(workdir / "quality.npz"), "quality_floor": 0.8,
+                               "prices": {"general-model": 1, "math-model": 10},
+                               "feedback": {"enabled": True, "explore": 0.0, "prior": 2, "half_life": 10}}
+
+    with stack_with(workdir, selecting, router_env={"SEMANTIC_ROUTER_FEEDBACK_TOKEN": TOKEN}) as s:
+        yield s
+
+
+def _chat(stack) -> httpx.Response:
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
+                   json={"model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-semantic-route"] == "math"
+    return r
+
+
+def _score(stack, selection_id: str, score: float, token: str | None = TOKEN) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(f"{stack.url}/semantic-router/feedback", json={"selection_id": selection_id, "score": score},
+                      headers=headers, timeout=30)
+
+
+def _counted(stack, outcome: str) -> float:
+    text = httpx.get(stack.metrics_url, timeout=10).text
+    line = f'semantic_router_selection_feedback_total{{outcome="{outcome}"}}'
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
+def test_scores_under_the_prediction_move_the_route_to_its_next_model(stack):
+    first = _chat(stack)
+    assert first.headers["x-selected-model"] == "general-model"  # the cheap one meets the floor
+    selection_id = first.headers["x-semantic-selection-id"]
+    accepted = _score(stack, selection_id, 0.3)
+    assert accepted.status_code == 200, accepted.text
+    assert accepted.json()["model"] == "general-model" and accepted.json()["correction"] < 0
+    for _ in range(10):  # its answers keep scoring 0.3 where 0.85 was predicted
+        r = _chat(stack)
+        if r.headers["x-selected-model"] != "general-model":
+            break
+        assert _score(stack, r.headers["x-semantic-selection-id"], 0.3).status_code == 200
+    assert _chat(stack).headers["x-selected-model"] == "math-model"
+    assert _counted(stack, "accepted") >= 1
+
+
+def test_feedback_without_the_token_a_forged_id_or_a_second_score_is_refused(stack):
+    selection_id = _chat(stack).headers["x-semantic-selection-id"]
+    before = {k: _counted(stack, k) for k in ("unauthorized", "bad_id", "repeated", "bad_body")}
+    assert _score(stack, selection_id, 1.0, token=None).status_code == 401
+    assert _score(stack, selection_id, 1.0, token="not-the-token-at-all-no").status_code == 401
+    body, _, mac = selection_id.rpartition(".")
+    parts = body.split(".")
+    forged = ".".join([*parts[:2], "10000", *parts[3:]]) + "." + mac
+    assert _score(stack, forged, 1.0).status_code == 400
+    assert _score(stack, selection_id, 2.0).status_code == 400  # a score is in [0, 1]
+    assert _score(stack, selection_id, 1.0).status_code == 200
+    again = _score(stack, selection_id, 1.0)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "feedback_repeated"
+    after = {k: _counted(stack, k) for k in before}
+    assert after == {"unauthorized": before["unauthorized"] + 2, "bad_id": before["bad_id"] + 1,
+                     "repeated": before["repeated"] + 1, "bad_body": before["bad_body"] + 1}
+
+
+def test_a_client_cannot_send_its_own_selection_id_upstream(stack):
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
+                   headers={"x-semantic-selection-id": "made.up.id"},
+                   json={"model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200 and r.headers["x-semantic-selection-id"] != "made.up.id"

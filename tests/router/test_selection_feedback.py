@@ -1,0 +1,155 @@
+"""Selection feedback: signed ids a client cannot forge or replay, corrections that follow what scores
+say (slowly on little evidence), exploration that is bounded and counted, and a model whose answers
+got worse losing its traffic."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import yaml
+
+from esr_config import load_config
+from tests.support import ROOT
+from esr_settings import ConfigError
+from router.config import SelectionFeedbackConfig
+from router.feedback import BadFeedback, FeedbackBook, SelectionIds, parse_feedback
+from router.selection import Feedback, QualityModel, Selector, feedback_for
+
+TOKEN = b"a-feedback-token-of-some-length"
+
+
+def test_an_id_names_its_request_and_is_refused_when_forged_old_or_scored_twice():
+    now = [1000.0]
+    ids = SelectionIds(TOKEN, max_age_s=60, clock=lambda: now[0])
+    sid = ids.issue("math.route", "small/model:v1", 0.8125)
+    issued = ids.verify(sid)
+    assert (issued.route, issued.model, issued.predicted) == ("math.route", "small/model:v1", 0.8125)
+    with pytest.raises(BadFeedback) as again:
+        ids.verify(sid)
+    assert again.value.kind == "repeated"
+    body, _, mac = ids.issue("math", "big", 0.5).rpartition(".")
+    parts = body.split(".")
+    forged = ".".join([*parts[:2], "9999", *parts[3:]]) + "." + mac  # another prediction, the old MAC
+    with pytest.raises(BadFeedback) as bad:
+        ids.verify(forged)
+    assert bad.value.kind == "bad_id"
+    assert SelectionIds(b"another-token-entirely", 60).verify is not None
+    with pytest.raises(BadFeedback) as other:  # another router's secret
+        SelectionIds(b"another-token-entirely", 60).verify(ids.issue("math", "big", 0.5))
+    assert other.value.kind == "bad_id"
+    old = ids.issue("math", "big", 0.5)
+    now[0] += 61
+    with pytest.raises(BadFeedback) as expired:
+        ids.verify(old)
+    assert expired.value.kind == "expired"
+
+
+@pytest.mark.parametrize("body", [[], {"selection_id": 3, "score": 1}, {"selection_id": "x", "score": 1.5},
+                                  {"selection_id": "x", "score": True}, {"selection_id": "x", "score": float("nan")},
+                                  {"selection_id": "", "score": 0.5}, {"score": 0.5}])
+def test_a_feedback_body_is_an_id_and_a_score_in_0_1(body):
+    with pytest.raises(BadFeedback) as bad:
+        parse_feedback(body)
+    assert bad.value.kind == "bad_body"
+    assert parse_feedback({"selection_id": "x", "score": 1}) == ("x", 1.0)
+
+
+def test_a_correction_grows_with_the_evidence_and_forgets_the_old():
+    book = FeedbackBook(half_life=50, prior=20)
+    assert book.corrections("r", ("a", "b")) is None
+    book.add("r", "a", 0.8, 0.4)
+    one = book.correction("r", "a")
+    assert -0.4 < one < 0 and book.correction("r", "b") == 0.0  # one score moves it a little
+    for _ in range(200):
+        book.add("r", "a", 0.8, 0.4)
+    # much evidence: most of it (the window holds ~1.44 half-lives of scores, still shrunk by the prior)
+    assert -0.4 < book.correction("r", "a") < -0.3
+    for _ in range(300):  # the model recovered: the past fades
+        book.add("r", "a", 0.8, 0.8)
+    assert abs(book.correction("r", "a")) < 0.02
+    assert book.correction("other", "a") == 0.0  # per route
+
+
+def _selector(explore: float = 0.0, draws=None) -> Selector:
+    quality = QualityModel(("cheap", "dear"), np.array([[0.0, 0.85], [0.0, 0.95]]), np.array([0.05, 0.05]), 0.1)
+    feedback = Feedback(FeedbackBook(half_life=200, prior=20), SelectionIds(TOKEN, 3600), explore, "/fb", TOKEN,
+                        draw=(lambda: next(draws)) if draws is not None else __import__("random").random)
+    return Selector(quality, "cheapest_meeting_floor", {"cheap": 1.0, "dear": 20.0}, 0.75, None, 0.0, feedback)
+
+
+def test_scores_under_the_prediction_move_traffic_off_a_model_and_ids_carry_the_choice():
+    selector = _selector()
+    v = np.zeros(1)
+    first = selector.order(("dear", "cheap"), v, "math")
+    assert first.models == ("cheap", "dear") and first.selection_id is not None and not first.explored
+    issued = selector.feedback.ids.verify(first.selection_id)
+    assert (issued.route, issued.model, issued.predicted) == ("math", "cheap", pytest.approx(0.85))
+    for _ in range(40):  # cheap's answers on this route score 0.5, not 0.85
+        selector.feedback.book.add("math", "cheap", 0.85, 0.5)
+    assert selector.order(("dear", "cheap"), v, "math").models == ("dear", "cheap")
+    assert selector.order(("dear", "cheap"), v, "chat").models == ("cheap", "dear")  # other routes keep it
+
+
+def test_exploration_sends_the_stated_share_elsewhere_and_says_so():
+    draws = itertools.cycle([0.01, 0.5, 0.5])  # explore (0.01 < 0.02), pick; then two that do not
+    selector = _selector(explore=0.02, draws=draws)
+    v = np.zeros(1)
+    explored = selector.order(("dear", "cheap"), v, "math")
+    assert explored.explored and explored.models == ("dear", "cheap")
+    issued = selector.feedback.ids.verify(explored.selection_id)
+    assert issued.model == "dear"  # its score is the explored model's
+    plain = selector.order(("dear", "cheap"), v, "math")
+    assert not plain.explored and plain.models[0] == "cheap"
+    rate = _selector(explore=0.05)
+    share = np.mean([rate.order(("dear", "cheap"), v, "r").explored for _ in range(20000)])
+    assert 0.04 < share < 0.06
+
+
+def test_a_model_whose_scores_halve_loses_half_its_traffic_within_2000_requests():
+    rng = np.random.default_rng(0)
+    selector = _selector(explore=0.02)
+    v = np.zeros(1)
+    served, dropped_at = [], 2000
+    for i in range(6000):
+        chosen = selector.order(("dear", "cheap"), v, "math")
+        model = chosen.models[0]
+        true = {"cheap": 0.85, "dear": 0.95}[model]
+        if model == "cheap" and i >= dropped_at:
+            true /= 2
+        score = float(np.clip(true + 0.1 * rng.standard_normal(), 0, 1))
+        issued = selector.feedback.ids.verify(chosen.selection_id)
+        selector.feedback.book.add(issued.route, issued.model, issued.predicted, score)
+        served.append(model == "cheap")
+    before = np.mean(served[dropped_at - 1000:dropped_at])
+    after = np.mean(served[dropped_at + 1000:dropped_at + 2000])
+    assert before > 0.95 and after <= before / 2, (before, after)
+    recovered = np.mean(served[-1000:])
+    assert recovered < 0.1  # still off it, explored now and then (2%) to notice if it recovers
+
+
+def test_feedback_needs_a_token_of_some_length_named_by_the_key(monkeypatch):
+    monkeypatch.delenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="selection.feedback.token_env: set SEMANTIC_ROUTER_FEEDBACK_TOKEN"):
+        feedback_for(SelectionFeedbackConfig(enabled=True))
+    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", "short")
+    with pytest.raises(ConfigError):
+        feedback_for(SelectionFeedbackConfig(enabled=True))
+    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", TOKEN.decode())
+    feedback = feedback_for(SelectionFeedbackConfig(enabled=True))
+    assert feedback.authorized(f"Bearer {TOKEN.decode()}") and not feedback.authorized("Bearer nope")
+    assert not feedback.authorized(TOKEN.decode()) and feedback_for(SelectionFeedbackConfig()) is None
+
+
+
+def test_a_bad_feedback_key_is_named_in_full(tmp_path):
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    config["selection"] = {"feedback": {"explore": 0.5}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="selection.feedback.explore"):
+        load_config(tmp_path / "c.yaml")
+    config["selection"] = {"feedback": {"enabled": True}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="selection.feedback.enabled"):
+        load_config(tmp_path / "c.yaml")
