@@ -9,7 +9,9 @@ encoder, a predictor fitted on train prompts and judged on val prompts. Per pred
 - APGR, RouteLLM's average performance gap recovered (cheapest to strongest), against the oracle's
   (target >= 0.8 of it);
 - floor violations at alpha = 0.1 (cheapest_meeting_floor): the share of requests whose chosen
-  model scored under the floor (target <= alpha + 0.02), and the share the floor could not be met for.
+  model scored under the floor (target <= alpha + 0.02), and the share the floor could not be met for;
+- with feedback on: a model whose scores halve from request 3,000 on, how many requests until its
+  share of traffic has halved (target <= 2,000).
 
     python -m bench.selection_bench [--train 4000] [--floor 0.7] [--seed 0] [--out r.json]
 """
@@ -117,6 +119,44 @@ def evaluate(name: str, predicted: np.ndarray, margins: np.ndarray, scores: np.n
             "mean_score_per_model": [round(float(s), 4) for s in means]}
 
 
+def drift(quality, vectors: np.ndarray, scores: np.ndarray, prices: np.ndarray, floor: float, seed: int,
+          at: int = 3000, after: int = 4000, window: int = 500) -> dict:
+    """Feedback against a model that got worse: prompts stream through the serving Selector with
+    feedback on (its defaults), every answer scored as the matrix says; from request `at` on, the
+    model served most so far scores half. How many requests until its share of a `window` has halved."""
+    from router.config import SelectionFeedbackConfig
+    from router.feedback import FeedbackBook, SelectionIds
+    from router.selection import Feedback, Selector
+
+    defaults = SelectionFeedbackConfig()
+    rng = np.random.default_rng(seed)
+    token = b"bench-token-bench-token"
+    feedback = Feedback(FeedbackBook(defaults.half_life, defaults.prior), SelectionIds(token, 3600), defaults.explore,
+                        defaults.path, token, draw=rng.random)
+    models = quality.models
+    selector = Selector(quality, "cheapest_meeting_floor", dict(zip(models, prices.tolist())), floor, None, 0.0, feedback)
+    order = rng.integers(0, len(vectors), at + after)
+    chosen = np.empty(at + after, dtype=np.int64)
+    worse, explored, spent = -1, 0, []
+    for n, i in enumerate(order):
+        if n == at:
+            worse = int(np.bincount(chosen[:at], minlength=len(models)).argmax())
+        started = time.perf_counter()
+        picked = selector.order(models, vectors[i], "route")
+        spent.append(time.perf_counter() - started)
+        m = models.index(picked.models[0])
+        chosen[n], explored = m, explored + picked.explored
+        score = scores[i, m] * (0.5 if m == worse else 1.0)
+        issued = feedback.ids.verify(picked.selection_id)
+        feedback.book.add(issued.route, issued.model, issued.predicted, float(score))
+    before = float(np.mean(chosen[at - 1000:at] == worse))
+    share = [float(np.mean(chosen[at + k - window:at + k] == worse)) for k in range(window, after + 1, 50)]
+    halved = next((window + 50 * j for j, v in enumerate(share) if v <= before / 2), None)
+    return {"worse": models[worse], "share_before": round(before, 3), "share_last_window": round(share[-1], 3),
+            "requests_to_halve": halved, "window": window, "explored": round(explored / len(order), 4),
+            "order_ms": round(float(np.median(spent)) * 1000, 4)}
+
+
 def main() -> None:
     from esr_app.quality_cli import offline
     from esr_config import load_config
@@ -165,8 +205,12 @@ def main() -> None:
     fit_s = time.perf_counter() - started
     results.append({**evaluate("knn25", knn.predict(x_test), knn_margins, test.scores, test.costs, args.floor,
                                args.alpha, args.seed), "fit_s": round(fit_s, 2)})
+    moved = drift(quality, x_test, test.scores, test.costs, args.floor, args.seed)
+    print(f"feedback: {moved['worse']} scored half from request 3000 on: its share {moved['share_before']} -> "
+          f"{moved['share_last_window']}, halved within {moved['requests_to_halve']} requests (windows of "
+          f"{moved['window']}); explored {moved['explored']:.2%}; Selector.order with feedback {moved['order_ms']} ms")
     emit({"bench": "selection", "train": len(train.prompts), "test": len(test.prompts), "models": train.models,
-          "rows": results}, args.out, COLUMNS)
+          "rows": results, "feedback_drift": moved}, args.out, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ worse loses its traffic as the evidence accumulates, not on one bad score. A sma
 requests (`explore`) goes to another capable model so that a model that lost its traffic still earns
 scores, and can win it back.
 
-The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url, the MAC an HMAC-SHA256 of the rest
+The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url, the MAC keyed BLAKE2b of the rest
 under the feedback token: any process of a pool can verify an id another issued, and a client cannot
 make one up. Ids older than `max_age_s`, and ids already scored, are refused.
 """
@@ -61,10 +61,14 @@ class SelectionIds:
         self.max_age_s = max_age_s
         self._clock = clock
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._names: dict[tuple[str, str], str] = {}  # (route, model) -> their part of an id: a config's few
 
     def issue(self, route: str, model: str, predicted: float) -> str:
-        body = ".".join((_b64(route.encode()), _b64(model.encode()), str(round(predicted * 10_000)),
-                         str(round(self._clock())), _b64(os.urandom(6))))  # the last: two requests, two ids
+        names = self._names.get((route, model))
+        if names is None:
+            names = self._names[(route, model)] = f"{_b64(route.encode())}.{_b64(model.encode())}"
+        # the nonce: two requests in one second, two ids
+        body = f"{names}.{round(predicted * 10_000)}.{round(self._clock())}.{_b64(os.urandom(6))}"
         return f"{body}.{self._mac(body)}"
 
     def verify(self, selection_id: str) -> Issued:
@@ -84,7 +88,7 @@ class SelectionIds:
         return Issued(_unb64(route).decode(), _unb64(model).decode(), int(predicted) / 10_000, at)
 
     def _mac(self, body: str) -> str:
-        return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest()[:16])
+        return _b64(hashlib.blake2b(body.encode(), key=self._secret[:64], digest_size=16).digest())
 
 
 class FeedbackBook:
@@ -107,11 +111,14 @@ class FeedbackBook:
         weight, mean = self._state.get((route, model), (0.0, 0.0))
         return mean * weight / (weight + self._prior)
 
-    def corrections(self, route: str, models: tuple[str, ...]) -> tuple[float, ...] | None:
+    def corrections(self, route: str, models: tuple[str, ...]) -> list[float] | None:
         """Each model's correction on `route`; None where none has had a score (nothing to add)."""
-        if not any((route, m) in self._state for m in models):
-            return None
-        return tuple(self.correction(route, m) for m in models)
+        state, prior, out, seen = self._state, self._prior, [], False
+        for m in models:
+            weight, mean = state.get((route, m), (0.0, 0.0))
+            seen = seen or weight > 0
+            out.append(mean * weight / (weight + prior) if weight else 0.0)
+        return out if seen else None
 
     def snapshot(self) -> dict[tuple[str, str], tuple[float, float]]:
         """(route, model) -> (correction, effective number of scores), for the metrics."""
