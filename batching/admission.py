@@ -51,12 +51,12 @@ class LoadEstimate:
         padded = (tokens + max(0, reserved - queued) * mean_tokens) / max(0.1, 1.0 - mean_padding)
         # Batches cut to their oldest item's deadline can be far below max_batch_size: judge how
         # many it takes to clear the queue by what batches have been, where that is more.
-        per_batch = min(s.max_batch_size, max(mean_batch, reserved / 2))
+        per_batch = min(s.batch_size, max(mean_batch, reserved / 2))
         batches = max(1, math.ceil(reserved / per_batch), math.ceil(padded / s.max_batch_tokens))
         fixed, per_token = self._cost.coefficients
         # The queue cuts a batch beside a running one only once a full batch waits (BatchQueue.
         # next_batch): short of that, the wait is for every running batch, not for the first.
-        free_at = min(busy_until) if reserved >= s.max_batch_size else max(busy_until)
+        free_at = min(busy_until) if reserved >= s.batch_size else max(busy_until)
         running = max(0.0, free_at - time.monotonic())
         rounds = math.ceil(batches / len(busy_until))
         return running + rounds * fixed + per_token * padded / len(busy_until) + margin

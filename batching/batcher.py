@@ -302,7 +302,7 @@ class ContinuousBatcher:
             self.backend.prepare_thread()
         while True:
             batch = self._queue.next_batch(
-                s.max_batch_size, s.max_batch_tokens, s.padding, s.max_wait_s, self.cost, self.margin
+                s.batch_size, s.max_batch_tokens, s.padding, s.max_wait_s, self.cost, self.margin
             )
             if batch is None:
                 return

@@ -9,11 +9,15 @@ from esr_settings import SettingError
 
 
 CPU_PADDING = 0.25
+CPU_BATCH = 64
+GPU_BATCH = 128  # the largest batch the CUDA graphs are captured for (esr_model/encoder.py)
 
 
 @dataclass(frozen=True)
 class BatcherSettings:
-    max_batch_size: int = 64
+    # Requests per batch. auto: CPU_BATCH, or GPU_BATCH where the model runs on a GPU
+    # (esr_app.embedding.batcher_shape), whose forward of 128 short prompts costs ~1.5x one of 64.
+    max_batch_size: int | Literal["auto"] = "auto"
     max_batch_tokens: int = 16384  # padded: longest sequence x batch size
     max_queue_requests: int = 2048
     max_queue_tokens: int = 262144
@@ -31,7 +35,9 @@ class BatcherSettings:
     answer_margin_ms: float = 5.0
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window",
+        if self.max_batch_size != "auto" and not (isinstance(self.max_batch_size, int) and self.max_batch_size >= 1):
+            raise SettingError("max_batch_size", "must be auto or at least 1")
+        for name in ("max_batch_tokens", "max_queue_requests", "max_queue_tokens", "sort_window",
                      "max_text_chars"):
             if getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
@@ -41,8 +47,13 @@ class BatcherSettings:
         if self.max_padding != "auto" and not (isinstance(self.max_padding, (int, float))
                                                and 0.0 <= self.max_padding <= 1.0):
             raise SettingError("max_padding", "must be auto or between 0 and 1")
-        if self.max_queue_requests < self.max_batch_size:
+        if self.max_queue_requests < self.batch_size:
             raise SettingError("max_queue_requests", "must be >= max_batch_size")
+
+    @property
+    def batch_size(self) -> int:
+        """`max_batch_size` as a count; auto where nobody resolved it for a device is the CPU's."""
+        return CPU_BATCH if self.max_batch_size == "auto" else self.max_batch_size
 
     @property
     def padding(self) -> float:

@@ -11,6 +11,7 @@ import numpy as np
 
 from batching import Backend, BatcherSettings, ContinuousBatcher
 from batching.batcher import BatchHook
+from batching.settings import GPU_BATCH
 from esr_app.placement import on_gpu, runtime, static_tier_on
 from esr_config import RouterConfig
 from esr_app.metrics import PrometheusBatchObserver
@@ -44,12 +45,17 @@ def make_backend(config: RouterConfig, offline: bool = False) -> Encoder:
 def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
     """The batcher's settings and lanes (batches in flight). A remote engine takes `max_batch`
     inputs a call and `max_in_flight` calls at once, and pads its own batches: ours need not
-    be cut by padding; nor need a GPU's (`batching.max_padding: auto`)."""
+    be cut by padding; nor need a GPU's (`batching.max_padding: auto`), which also takes larger
+    batches (`batching.max_batch_size: auto`)."""
     remote = config.encoder.remote
     if remote is None:
-        if config.batching.max_padding == "auto" and on_gpu(config):
-            return dataclasses.replace(config.batching, max_padding=1.0), 1
-        return config.batching, 1
+        batching = config.batching
+        if "auto" in (batching.max_padding, batching.max_batch_size) and on_gpu(config):
+            resolved = {"max_padding": 1.0} if batching.max_padding == "auto" else {}
+            if batching.max_batch_size == "auto":
+                resolved["max_batch_size"] = min(GPU_BATCH, batching.max_queue_requests)
+            return dataclasses.replace(batching, **resolved), 1
+        return batching, 1
     settings = dataclasses.replace(
         config.batching, max_batch_size=remote.max_batch, max_padding=1.0,
         max_queue_requests=max(config.batching.max_queue_requests, remote.max_batch),
