@@ -1,7 +1,8 @@
 """Replays decision records through a candidate config: every recorded request that routing decided
 is decided again by the code `eval` uses (rules, the static tier, the classifier on the texts it was
 routed on, under the conversation's gate), and the report says what would change: decisions moved
-between routes, each model's share of the traffic, its cost at the config's `prices`, confidence."""
+between routes, each model's share of the traffic, its cost at the config's `prices`, confidence, and
+where selection chooses models, what it spends and the scores it predicts."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class Recorded:
     confidence: float
     line: int = 0  # where in its file (1-based): how a report names the record
     trace_id: str | None = None
+    price: float | None = None  # where selection chose: the chosen model's price and predicted score
+    predicted_quality: float | None = None
 
 
 def read_records(path: str | Path, lenient: bool = False) -> tuple[list[Recorded], Counter]:
@@ -66,13 +69,38 @@ def read_records(path: str | Path, lenient: bool = False) -> tuple[list[Recorded
                                                      bool(facts.get("images")), int(facts.get("max_tokens", 0)),
                                                      bool(facts.get("structured")), bool(facts.get("stream"))),
                                         str(row["route"]), str(row["model"]), reason, float(row["confidence"]),
-                                        n, row.get("trace_id") if isinstance(row.get("trace_id"), str) else None))
+                                        n, row.get("trace_id") if isinstance(row.get("trace_id"), str) else None,
+                                        _number(row.get("price")), _number(row.get("predicted_quality"))))
             except (ValueError, KeyError, TypeError) as exc:
                 if lenient:
                     left_out["malformed"] += 1
                     continue
                 raise BadRecord(f"{path}:{n}: not a decision record ({type(exc).__name__}: {exc})") from None
     return out, left_out
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _selection(records: Sequence[Recorded], decisions: Sequence[Decision]) -> dict:
+    """What selection spends and predicts, as served (the records) and as the candidate would: the
+    chosen models' prices summed and their predicted scores' mean, over the requests selection chose
+    for (a served figure includes feedback's corrections and exploration; a replayed one does not)."""
+    def summary(prices: list[float | None], quality: list[float | None]) -> tuple[float | None, float | None]:
+        spent = [p for p in prices if p is not None]
+        predicted = [q for q in quality if q is not None]
+        return (round(sum(spent), 6) if spent else None,
+                round(float(np.mean(predicted)), 4) if predicted else None)
+
+    spend_before, quality_before = summary([r.price for r in records], [r.predicted_quality for r in records])
+    spend_after, quality_after = summary([d.price for d in decisions], [d.predicted_quality for d in decisions])
+    if spend_before is None and spend_after is None:
+        return {}
+    return {"selected_spend_before": spend_before, "selected_spend_after": spend_after,
+            "selected_quality_before": quality_before, "selected_quality_after": quality_after,
+            "selected_before": sum(r.price is not None for r in records),
+            "selected_after": sum(d.price is not None for d in decisions)}
 
 
 def replay(config: RouterConfig, classifier: RouteClassifier, static: StaticTier | None, records: Sequence[Recorded],
@@ -112,6 +140,7 @@ def report(config: RouterConfig, records: Sequence[Recorded], decisions: Sequenc
                         if cost_before and cost_after is not None else None),
         "mean_confidence_before": round(float(np.mean([r.confidence for r in records])), 4) if n else None,
         "mean_confidence_after": round(float(np.mean([d.confidence for d in decisions])), 4) if n else None,
+        **_selection(records, decisions),
     }
 
 
@@ -133,6 +162,12 @@ def format_report(out: dict) -> str:
     if out["cost_before"] is not None:
         change = "" if out["cost_change"] is None else f" ({100 * out['cost_change']:+.2f}%)"
         lines.append(f"prompt cost: {out['cost_before']:.6f} -> {out['cost_after']:.6f}{change}")
+    if "selected_spend_before" in out:
+        def shown(value, digits):
+            return "none" if value is None else f"{value:.{digits}f}"
+        lines.append(f"selection: {out['selected_before']} -> {out['selected_after']} requests chosen for, spend "
+                     f"{shown(out['selected_spend_before'], 4)} -> {shown(out['selected_spend_after'], 4)}, mean predicted "
+                     f"score {shown(out['selected_quality_before'], 4)} -> {shown(out['selected_quality_after'], 4)}")
     if out["mean_confidence_before"] is not None:
         lines.append(f"mean confidence: {out['mean_confidence_before']:.4f} -> {out['mean_confidence_after']:.4f}")
     return "\n".join(lines)

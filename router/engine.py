@@ -53,9 +53,10 @@ def _fallback_reason(exc: Exception) -> str:
 class RoutingEngine:
     def __init__(self, config: RoutingConfig, batcher: Embedder, classifier: RouteClassifier,
                  cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None,
-                 static: StaticTier | None = None, book: FeedbackBook | None = None):
+                 static: StaticTier | None = None, book: FeedbackBook | None = None, learns: bool = False):
         """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
         `book`: the selection feedback it had gathered (router/feedback.py), kept across the reload;
+        `learns`: serving (selection feedback, where on, is taken; offline it is not);
         `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones;
         `static`: the cascade's first tier (None: the encoder decides every request)."""
         self.config = config
@@ -65,7 +66,7 @@ class RoutingEngine:
         self.classifier = classifier
         self.rules = Rules(config)
         # which of the decided route's models serves the request (by quality and price where selection is on)
-        self.models = ModelChoice(config, selector_for(config.selection, book))
+        self.models = ModelChoice(config, selector_for(config.selection, book, learns))
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it first, else the first

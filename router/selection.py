@@ -181,13 +181,14 @@ def rank(strategy: Strategy, predicted: np.ndarray, margins: np.ndarray, prices:
     return sorted(n, key=lambda i: -(score[i] - lam * price[i] / reference))
 
 
-def selector_for(config, book: FeedbackBook | None = None) -> Selector | None:
-    """The selector a config's `selection` section asks for (a SelectionConfig); None: off. `book`:
-    the corrections feedback has made so far (a reload's), else a new one where feedback is on."""
+def selector_for(config, book: FeedbackBook | None = None, learns: bool = False) -> Selector | None:
+    """The selector a config's `selection` section asks for (a SelectionConfig); None: off. `learns`:
+    serving, where feedback (if on) corrects, explores and signs ids; offline decisions do none of it
+    (the same records replay to the same decisions). `book`: the corrections so far (a reload's)."""
     if config.path is None:
         return None
     return Selector(load_quality(config.path), config.strategy, config.prices, config.quality_floor, config.budget,
-                    config.lam, feedback_for(config.feedback, book))
+                    config.lam, feedback_for(config.feedback, book) if learns else None)
 
 
 def feedback_for(config, book: FeedbackBook | None = None) -> Feedback | None:

@@ -83,3 +83,21 @@ def test_replay_chooses_the_serving_model_by_the_recorded_facts_as_the_server_do
     decide = decide_requests(config, None, [(r.texts, r.facts) for r in (tools, long)], {})  # keywords decide
     assert (decide[0].route, decide[0].model, decide[0].skipped) == ("ops", "general-model", ("ops-model:tools",))
     assert decide[1].route == REFUSED and decide[1].reason == "no_capable_model"  # the server's 400
+
+
+def test_the_report_says_what_selection_spends_and_predicts_before_and_after(tmp_path):
+    config = parse_config(yaml.safe_load((ROOT / "router.yaml").read_text()))
+    path = tmp_path / "r.jsonl"
+    _write(path, [_row("math", "math-model", price=10, predicted_quality=0.9),
+                  _row("math", "general-model", price=1, predicted_quality=0.7), _row("code", "code-model")])
+    records, left_out = read_records(path)
+    assert (records[0].price, records[0].predicted_quality, records[2].price) == (10.0, 0.9, None)
+    decisions = [Decision("math", "general-model", 0.9, "matched", 0.8, predicted_quality=0.85, price=1.0),
+                 Decision("math", "general-model", 0.9, "matched", 0.8, predicted_quality=0.75, price=1.0),
+                 Decision("code", "code-model", 0.9, "matched", 0.6)]
+    out = report(config, records, decisions, left_out)
+    assert (out["selected_spend_before"], out["selected_spend_after"]) == (11.0, 2.0)
+    assert (out["selected_quality_before"], out["selected_quality_after"]) == (0.8, 0.8)
+    assert "selection: 2 -> 2 requests chosen for, spend 11.0000 -> 2.0000" in format_report(out)
+    plain = report(config, records[2:], decisions[2:], left_out)
+    assert "selected_spend_before" not in plain and "selection:" not in format_report(plain)

@@ -15,6 +15,7 @@ from tests.support import ROOT
 from esr_settings import ConfigError
 from router.config import SelectionFeedbackConfig
 from router.feedback import BadFeedback, FeedbackBook, SelectionIds, parse_feedback
+from router.rules import RequestFacts
 from router.selection import Feedback, QualityModel, Selector, feedback_for
 
 TOKEN = b"a-feedback-token-of-some-length"
@@ -153,3 +154,22 @@ def test_a_bad_feedback_key_is_named_in_full(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="selection.feedback.enabled"):
         load_config(tmp_path / "c.yaml")
+
+
+def test_offline_decisions_take_no_feedback_and_need_no_token(tmp_path, monkeypatch):
+    from esr_config import parse_config
+    from esr_tuning.decide import decide_requests
+    from router.selection import save_quality
+
+    monkeypatch.delenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", raising=False)
+    weights = np.zeros((2, 385), np.float32)
+    save_quality(QualityModel(("math-model", "general-model"), weights, np.zeros(2, np.float32), 0.1),
+                 str(tmp_path / "q.npz"), "bundled:all-MiniLM-L6-v2")
+    config = parse_config({
+        "routes": [{"name": "math", "models": ["math-model", "general-model"], "keywords": ["integral"],
+                    "utterances": ["solve for x"]}],
+        "default_route": {"name": "general", "model": "general-model"},
+        "selection": {"path": str(tmp_path / "q.npz"), "prices": {"math-model": 5, "general-model": 1},
+                      "feedback": {"enabled": True}}})
+    decided = decide_requests(config, None, [(("an integral",), RequestFacts())], {})
+    assert decided[0].route == "math" and decided[0].selection_id is None
