@@ -51,10 +51,10 @@ def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
     if remote is None:
         batching = config.batching
         if "auto" in (batching.max_padding, batching.max_batch_size) and on_gpu(config):
-            resolved = {"max_padding": 1.0} if batching.max_padding == "auto" else {}
-            if batching.max_batch_size == "auto":
-                resolved["max_batch_size"] = min(GPU_BATCH, batching.max_queue_requests)
-            return dataclasses.replace(batching, **resolved), 1
+            padding = 1.0 if batching.max_padding == "auto" else batching.max_padding
+            size = min(GPU_BATCH, batching.max_queue_requests) if batching.max_batch_size == "auto" \
+                else batching.max_batch_size
+            return dataclasses.replace(batching, max_padding=padding, max_batch_size=size), 1
         return batching, 1
     settings = dataclasses.replace(
         config.batching, max_batch_size=remote.max_batch, max_padding=1.0,
