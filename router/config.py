@@ -374,6 +374,7 @@ class SelectionConfig:
     path: str | None = None  # the quality model: a score predictor per model, with calibrated margins
     strategy: Literal["cheapest_meeting_floor", "best_within_budget", "utility"] = "cheapest_meeting_floor"
     quality_floor: float = 0.8  # cheapest_meeting_floor: the score the chosen model must be predicted to reach
+    route_floors: dict = field(default_factory=dict)  # route -> its own quality_floor
     budget: float | None = None  # best_within_budget: the most one request may cost, in the prices' unit
     lam: float = 0.0  # utility: predicted score less lam x price relative to the cheapest
     prices: dict = field(default_factory=dict)  # model -> price per request; select-fit writes the rows' costs
@@ -381,6 +382,9 @@ class SelectionConfig:
 
     def __post_init__(self):
         require(0.0 <= self.quality_floor <= 1.0, "quality_floor", "must be between 0 and 1")
+        for route, floor in self.route_floors.items():
+            require(isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor <= 1.0,
+                    f"route_floors.{route}", "must be between 0 and 1")
         require(self.budget is None or self.budget > 0, "budget", "must be positive")
         require(self.lam >= 0, "lam", "must not be negative")
         for model, price in self.prices.items():
@@ -416,6 +420,9 @@ class RoutingConfig:
 
     def __post_init__(self):
         require(len(self.routes) > 0, "routes", "needs at least one route")
+        routes = {r.name for r in self.routes} | {self.default_route.name}
+        for route in self.selection.route_floors:
+            require(route in routes, f"selection.route_floors.{route}", "is not a route of this config")
         for model in self.selection.prices:
             require(model in self.backend_models, f"selection.prices.{model}",
                     f"{model!r} is not the model of any route or the default route")

@@ -108,9 +108,12 @@ class Selector:
     not know keep their ranked place after those it does."""
 
     def __init__(self, quality: QualityModel, strategy: Strategy, prices: dict[str, float], floor: float,
-                 budget: float | None, lam: float, feedback: Feedback | None = None):
+                 budget: float | None, lam: float, feedback: Feedback | None = None,
+                 route_floors: dict[str, float] | None = None):
+        """`route_floors`: a route's own quality floor, where it is not `floor`."""
         self.quality = quality
         self.feedback = feedback
+        self._floors = dict(route_floors or {})
         self.strategy, self.floor, self.budget, self.lam = strategy, floor, budget, lam
         self._index = {m: i for i, m in enumerate(quality.models)}
         missing = [m for m in quality.models if m not in prices]
@@ -123,7 +126,7 @@ class Selector:
     def order(self, models: tuple[str, ...], vector: np.ndarray, route: str = "") -> Selected | None:
         """None where fewer than two of `models` are known (nothing to choose between), or `vector` is
         not of the quality model's encoder (serving refuses such a file at load; never a failed request).
-        `route`: the decided route, whose feedback corrects the predictions."""
+        `route`: the decided route: its floor (`route_floors`), and the feedback that corrects the predictions."""
         part = self._parts.get(models)
         if part is None:
             part = self._parts[models] = self._part(models)
@@ -132,13 +135,14 @@ class Selector:
             return None
         predicted = weights @ vector + bias
         feedback = self.feedback
+        floor = self._floors.get(route, self.floor)
         if feedback is None:
-            rank = self._rank(predicted, margins, prices)
+            rank = self._rank(predicted, margins, prices, floor)
             return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[rank[0]]), float(prices[rank[0]]))
         corrections = feedback.book.corrections(route, known)
         if corrections is not None:
             predicted = predicted + np.asarray(corrections, dtype=predicted.dtype)
-        rank = self._rank(predicted, margins, prices)
+        rank = self._rank(predicted, margins, prices, floor)
         explored = feedback.explore > 0 and feedback.draw() < feedback.explore
         if explored:  # another capable model first, drawn evenly; the rest keep their order
             rank.insert(0, rank.pop(1 + int(feedback.draw() * (len(rank) - 1)) % (len(rank) - 1)))
@@ -155,8 +159,8 @@ class Selector:
         return (known, tuple(m for m in models if m not in self._index), np.ascontiguousarray(w[:, :-1]), w[:, -1],
                 self.quality.margins[idx], self._prices[idx])
 
-    def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray) -> list[int]:
-        return rank(self.strategy, predicted, margins, prices, self.floor, self.budget, self.lam, self._cheapest)
+    def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, floor: float) -> list[int]:
+        return rank(self.strategy, predicted, margins, prices, floor, self.budget, self.lam, self._cheapest)
 
 
 def rank(strategy: Strategy, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, floor: float = 0.8,
@@ -188,7 +192,7 @@ def selector_for(config, book: FeedbackBook | None = None, learns: bool = False)
     if config.path is None:
         return None
     return Selector(load_quality(config.path), config.strategy, config.prices, config.quality_floor, config.budget,
-                    config.lam, feedback_for(config.feedback, book) if learns else None)
+                    config.lam, feedback_for(config.feedback, book) if learns else None, config.route_floors)
 
 
 def feedback_for(config, book: FeedbackBook | None = None) -> Feedback | None:

@@ -173,3 +173,20 @@ def test_offline_decisions_take_no_feedback_and_need_no_token(tmp_path, monkeypa
                       "feedback": {"enabled": True}}})
     decided = decide_requests(config, None, [(("an integral",), RequestFacts())], {})
     assert decided[0].route == "math" and decided[0].selection_id is None
+
+
+def test_a_route_may_hold_its_own_floor():
+    quality = QualityModel(("cheap", "dear"), np.array([[0.0, 0.85], [0.0, 0.95]]), np.array([0.05, 0.05]), 0.1)
+    selector = Selector(quality, "cheapest_meeting_floor", {"cheap": 1.0, "dear": 20.0}, 0.75, None, 0.0,
+                        route_floors={"legal": 0.9})
+    v = np.zeros(1)
+    assert selector.order(("dear", "cheap"), v, "chat").models[0] == "cheap"  # 0.80 meets 0.75
+    assert selector.order(("dear", "cheap"), v, "legal").models[0] == "dear"  # 0.80 does not meet 0.9
+
+
+def test_a_floor_for_a_route_that_does_not_exist_is_named(tmp_path):
+    config = yaml.safe_load((ROOT / "router.yaml").read_text())
+    config["selection"] = {"route_floors": {"lgeal": 0.9}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="selection.route_floors.lgeal"):
+        load_config(tmp_path / "c.yaml")
