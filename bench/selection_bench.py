@@ -1,7 +1,8 @@
 """Model selection by predicted quality and price on held-out prompts (issue 59's targets): a score
 matrix over CLINC150 (esr_tuning/score_matrix.synthetic: five models at 1-50x price, per-domain
 competence, per-prompt difficulty; or a team's rows with --rows), prompts embedded by the bundled
-encoder, a predictor fitted on train prompts and judged on val prompts. Per predictor (ridge, kNN):
+encoder, a predictor fitted on train prompts and judged on val prompts. Per predictor (ridge on the
+encoder's vectors, ridge on the static tier's, kNN):
 
 - cost at 95% of the strongest model's mean score, against always the strongest (target <= 0.4x);
 - mean score at the cost of each single model, against that model and against a random mix of the
@@ -196,6 +197,15 @@ def main() -> None:
     fit_s = time.perf_counter() - started
     results.append({**evaluate("ridge", quality.predict(x_test), quality.margins, test.scores, test.costs, args.floor,
                                args.alpha, args.seed), "fit_s": round(fit_s, 2)})
+    from esr_app.routing_build import static_tier
+    tier = static_tier(load_config(ROOT / "router.yaml"))
+    if tier is not None:  # the same predictor on the static tier's vectors (the requests it decides)
+        s_train, s_test = tier.encode(train.prompts), tier.encode(test.prompts)
+        started = time.perf_counter()
+        static = fit_quality(train.models, s_train, train.scores, alpha=args.alpha, seed=args.seed)
+        fit_s = time.perf_counter() - started
+        results.append({**evaluate("ridge-static", static.predict(s_test), static.margins, test.scores, test.costs,
+                                   args.floor, args.alpha, args.seed), "fit_s": round(fit_s, 2)})
     started = time.perf_counter()
     cut = int(0.75 * len(x_train))
     knn_cal = Knn(x_train[:cut], train.scores[:cut])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from esr_settings import replace_at
 
 def cmd_select_fit(args: argparse.Namespace) -> int:
     from esr_app.quality_cli import offline
+    from esr_app.routing_build import static_tier
     from esr_tuning.evaluation import routed_texts_of
     from esr_tuning.score_matrix import matrix, read_rows
     from esr_tuning.selection_fit import fit_quality
@@ -33,8 +35,12 @@ def cmd_select_fit(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     encoder, _ = offline(config)
-    vectors = encoder.encode(routed_texts_of(config, scores.prompts))
-    quality = fit_quality(scores.models, vectors, scores.scores, alpha=args.alpha)
+    texts = routed_texts_of(config, scores.prompts)
+    quality = fit_quality(scores.models, encoder.encode(texts), scores.scores, alpha=args.alpha)
+    tier = static_tier(config)
+    if tier is not None:  # the requests the static tier decides are selected from its own vectors
+        static = fit_quality(scores.models, tier.encode(texts), scores.scores, alpha=args.alpha)
+        quality = dataclasses.replace(quality, static=static)
     out = Path(args.out)
     path = out.with_suffix(".quality.npz")
     prices = {**dict(zip(scores.models, (round(float(c), 6) for c in scores.costs))), **config.selection.prices}
@@ -49,9 +55,11 @@ def cmd_select_fit(args: argparse.Namespace) -> int:
     write_config(fitted, out, leading_comments(args.config))
     means = scores.scores.mean(axis=0)
     print(f"{len(scores.prompts)} prompts x {len(scores.models)} models; alpha {args.alpha}")
-    print(f"{'model':24} {'mean score':>10} {'margin':>8} {'price':>10}")
-    for m, mean, margin in zip(scores.models, means, quality.margins):
-        print(f"{m:24} {mean:10.3f} {float(margin):8.3f} {prices[m]:10g}")
+    static_margins = quality.static.margins if quality.static is not None else [None] * len(scores.models)
+    print(f"{'model':24} {'mean score':>10} {'margin':>8} {'static':>8} {'price':>10}")
+    for m, mean, margin, margin_static in zip(scores.models, means, quality.margins, static_margins):
+        shown = "" if margin_static is None else f"{float(margin_static):.3f}"
+        print(f"{m:24} {mean:10.3f} {float(margin):8.3f} {shown:>8} {prices[m]:10g}")
     print(f"wrote {out} (selection.path: {path.name})")
     return 0
 

@@ -69,11 +69,13 @@ class ModelChoice:
         """Whether any model is limited (so the parser must measure requests)."""
         return bool(self._capabilities)
 
-    def choose(self, decision: Decision, facts: RequestFacts, vector: np.ndarray | None = None) -> Decision:
+    def choose(self, decision: Decision, facts: RequestFacts, vector: np.ndarray | None = None,
+               static: bool = False) -> Decision:
         """`decision` with the model that serves the request and the chain Envoy fails over along.
         A route with no capable model leaves the request to the default route's models (reason
         no_capable_model); none at all, or a pinned model that cannot serve it: route REFUSED.
-        `vector`: the request's embedding, where selection may order the capable models by it."""
+        `vector`: the request's embedding, where selection may order the capable models by it (`static`:
+        the static tier's)."""
         if decision.reason == "model_pinned":
             return self._pinned(decision, facts)
         capable, skipped = self._split(self._ranked.get(decision.route, (decision.model,)), facts)
@@ -87,7 +89,7 @@ class ModelChoice:
         if not capable:
             return Decision(REFUSED, "", 0.0, "no_capable_model", 0.0, decision.tier, skipped=skipped)
         if self.selector is not None and vector is not None and len(capable) > 1:
-            selected = self.selector.order(capable, vector, decision.route)
+            selected = self.selector.order(capable, vector, decision.route, static)
             if selected is not None:
                 metrics.child(metrics.SELECTED, selected.models[0]).inc()
                 metrics.child(metrics.SPEND, selected.models[0]).inc(selected.price)

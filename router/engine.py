@@ -147,11 +147,11 @@ class RoutingEngine:
         metrics.CONVERSATION_TURNS.observe(len(turns))
         if self.static is None:
             return None, None
-        decided, guess = self.static.weigh(turns)
+        decided, guess, vector = self.static.weigh(turns)
         if decided is None:
             return None, guess
         metrics.child(metrics.DECISIONS_BY_TIER, decided.tier).inc()
-        return self.models.choose(decided, facts), guess
+        return self.models.choose(decided, facts, vector, static=True), guess
 
     async def by_encoder(self, turns: Sequence[str], deadline: float, guess: Decision | None = None,
                          embed_last: Callable[[], Awaitable[np.ndarray]] | None = None,

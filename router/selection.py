@@ -37,6 +37,9 @@ class QualityModel:
     weights: np.ndarray  # (models, dimension + 1)
     margins: np.ndarray  # (models,): the prediction less this meets the true score at the fitted rate
     alpha: float  # that rate's complement: the share of predictions allowed to overstate by more
+    # The same predictor over the static tier's vectors, for the requests it decides (None: those
+    # keep the route's ranked order): selection then adds no transformer work to them.
+    static: QualityModel | None = None
 
     def predict(self, vectors: np.ndarray) -> np.ndarray:
         """(n, models) predicted scores of `vectors` (n, dimension)."""
@@ -54,8 +57,10 @@ FORMAT = 1
 
 def save_quality(quality: QualityModel, path: str, encoder: str) -> None:
     """The quality model as one .npz; `encoder`: the model whose embeddings it reads."""
+    static = {} if quality.static is None else {"static_weights": quality.static.weights,
+                                                "static_margins": quality.static.margins}
     np.savez(path, format=FORMAT, models=np.asarray(quality.models), weights=quality.weights,
-             margins=quality.margins, alpha=quality.alpha, encoder=np.asarray(encoder))
+             margins=quality.margins, alpha=quality.alpha, encoder=np.asarray(encoder), **static)
 
 
 def load_quality(path: str, dimension: int | None = None) -> QualityModel:
@@ -63,8 +68,11 @@ def load_quality(path: str, dimension: int | None = None) -> QualityModel:
     try:
         with np.load(path, allow_pickle=False) as data:
             found = int(data["format"])
-            quality = QualityModel(tuple(str(m) for m in data["models"]), data["weights"].astype(np.float32),
-                                   data["margins"].astype(np.float32), float(data["alpha"]))
+            models, alpha = tuple(str(m) for m in data["models"]), float(data["alpha"])
+            static = QualityModel(models, data["static_weights"].astype(np.float32),
+                                  data["static_margins"].astype(np.float32), alpha) if "static_weights" in data else None
+            quality = QualityModel(models, data["weights"].astype(np.float32), data["margins"].astype(np.float32),
+                                   alpha, static)
     except (OSError, KeyError, ValueError) as exc:
         raise ConfigError(f"selection.path: {path} is not a quality model ({type(exc).__name__})") from None
     if found != FORMAT:
@@ -121,15 +129,20 @@ class Selector:
             raise ConfigError(f"selection.prices: no price for {missing}, which the quality model chooses between")
         self._prices = np.asarray([float(prices[m]) for m in quality.models])
         self._cheapest = float(self._prices.min())
-        self._parts: dict[tuple[str, ...], tuple] = {}
+        self._parts: dict[tuple[tuple[str, ...], bool], tuple] = {}
 
-    def order(self, models: tuple[str, ...], vector: np.ndarray, route: str = "") -> Selected | None:
+    def order(self, models: tuple[str, ...], vector: np.ndarray, route: str = "", static: bool = False
+              ) -> Selected | None:
         """None where fewer than two of `models` are known (nothing to choose between), or `vector` is
         not of the quality model's encoder (serving refuses such a file at load; never a failed request).
-        `route`: the decided route: its floor (`route_floors`), and the feedback that corrects the predictions."""
-        part = self._parts.get(models)
+        `route`: the decided route: its floor (`route_floors`), and the feedback that corrects the predictions.
+        `static`: `vector` is the static tier's (None where the quality model has no predictor for it)."""
+        part = self._parts.get((models, static))
         if part is None:
-            part = self._parts[models] = self._part(models)
+            quality = self.quality.static if static else self.quality
+            if quality is None:
+                return None
+            part = self._parts[(models, static)] = self._part(models, quality)
         known, unknown, weights, bias, margins, prices = part
         if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None
@@ -151,13 +164,13 @@ class Selector:
         return Selected(tuple(known[i] for i in rank) + unknown, quality, float(prices[first]), explored,
                         feedback.ids.issue(route, known[first], quality))
 
-    def _part(self, models: tuple[str, ...]) -> tuple:
+    def _part(self, models: tuple[str, ...], quality: QualityModel) -> tuple:
         """What order() reads for one tuple of candidates (a route's capable models: a config's few)."""
         known = tuple(m for m in models if m in self._index)
         idx = np.asarray([self._index[m] for m in known], dtype=np.int64)
-        w = self.quality.weights[idx]
+        w = quality.weights[idx]
         return (known, tuple(m for m in models if m not in self._index), np.ascontiguousarray(w[:, :-1]), w[:, -1],
-                self.quality.margins[idx], self._prices[idx])
+                quality.margins[idx], self._prices[idx])
 
     def _rank(self, predicted: np.ndarray, margins: np.ndarray, prices: np.ndarray, floor: float) -> list[int]:
         return rank(self.strategy, predicted, margins, prices, floor, self.budget, self.lam, self._cheapest)

@@ -139,19 +139,20 @@ class StaticTier:
         """The decision on the request's routed texts (oldest first), or None: the encoder decides."""
         return self.weigh(turns)[0]
 
-    def weigh(self, turns: Sequence[str]) -> tuple[Decision | None, Decision | None]:
-        """decide's answer, and the route the tier would choose all the same, were the encoder to
-        fail it (None where that is the default route, or the config routes no fallback by it)."""
+    def weigh(self, turns: Sequence[str]) -> tuple[Decision | None, Decision | None, np.ndarray]:
+        """decide's answer; the route the tier would choose all the same, were the encoder to fail
+        it (None where that is the default route, or the config routes no fallback by it); and the
+        request's own turn's static vector (what model selection predicts from where the tier decides)."""
         vectors = self.encode(turns)
         scores = self.classifier.scores(vectors)
         choice, lead = own_turn_lead(self.classifier, scores, self.gate)
         if choice >= 0 and lead >= self.accept[choice] and self._near_enough(vectors[-1]):
             decided = self.classifier.decision(scores[-1], choice, "matched")
-            return decided, decided
+            return decided, decided, vectors[-1]
         if not self.fallback_guess:
-            return None, None
+            return None, None, vectors[-1]
         guess = self.classifier.conversation_decision(scores, self.gate)
-        return None, (None if guess.route == self.default_route else guess)
+        return None, (None if guess.route == self.default_route else guess), vectors[-1]
 
     def _near_enough(self, vector: np.ndarray) -> bool:
         if self.in_scope is None:

@@ -128,3 +128,42 @@ def test_select_fit_writes_a_config_that_serves_the_quality_model(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(config), "--rows", str(wrong),
                               "--out", str(tmp_path / "x.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "not-a-model" in refused.stderr
+
+
+@pytest.mark.processes
+def test_where_the_static_tier_decides_selection_predicts_from_its_vectors(tmp_path):
+    """select-fit on a config whose static tier serves fits a second predictor on the static vectors;
+    the served decision the static tier makes is then selected from them (no transformer work)."""
+    import yaml
+
+    from esr_app.routing_build import static_tier
+    from esr_tuning.decide import decide_requests
+    from router.rules import RequestFacts
+
+    raw = yaml.safe_load((ROOT / "router.yaml").read_text())
+    math = next(r for r in raw["routes"] if r["name"] == "math")
+    math["models"] = ["math-model", "general-model"]
+    (tmp_path / "router.yaml").write_text(yaml.safe_dump(raw))
+    config = load_config(tmp_path / "router.yaml")
+    tier = static_tier(config)
+    assert tier is not None, "router.yaml's static tier serves"
+    texts = [f"{t} number {i}" for i in range(40) for t in ("solve the integral of x squared", "hello there friend")]
+    rows = [ScoreRow(t, m, s, c) for t in texts for m, s, c in (("math-model", 0.9, 10.0), ("general-model", 0.8, 1.0),
+                                                                  ("code-model", 0.5, 5.0))]
+    write_rows(rows, tmp_path / "rows.jsonl")
+    done = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(tmp_path / "router.yaml"),
+                           "--rows", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "fitted.yaml"), "--floor",
+                           "0.7"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    fitted = load_config(tmp_path / "fitted.yaml")
+    quality = load_quality(fitted.selection.path)
+    static_dimension = tier.encode(["x"]).shape[-1]
+    assert quality.static is not None and quality.static.weights.shape == (3, static_dimension + 1)
+    # A prompt the static tier decides for math: selection chose (predicted score and price set),
+    # the cheaper general-model meeting the floor.
+    prompt = "solve the integral of x squared"
+    assert static_tier(fitted).decide([prompt]) is not None, "the static tier decides this prompt"
+    decided = decide_requests(fitted, None, [((prompt,), RequestFacts())], {}, static_tier(fitted))[0]
+    assert decided.tier == "static" and decided.route == "math"
+    assert decided.predicted_quality is not None, decided
+    assert decided.model == "general-model" and decided.predicted_quality == pytest.approx(0.8, abs=0.05), decided
