@@ -19,7 +19,7 @@ import hmac
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -57,10 +57,11 @@ FORMAT = 1
 
 def save_quality(quality: QualityModel, path: str, encoder: str) -> None:
     """The quality model as one .npz; `encoder`: the model whose embeddings it reads."""
-    static = {} if quality.static is None else {"static_weights": quality.static.weights,
-                                                "static_margins": quality.static.margins}
-    np.savez(path, format=FORMAT, models=np.asarray(quality.models), weights=quality.weights,
-             margins=quality.margins, alpha=quality.alpha, encoder=np.asarray(encoder), **static)
+    arrays: dict[str, Any] = {"format": FORMAT, "models": np.asarray(quality.models), "weights": quality.weights,
+                              "margins": quality.margins, "alpha": quality.alpha, "encoder": np.asarray(encoder)}
+    if quality.static is not None:
+        arrays.update(static_weights=quality.static.weights, static_margins=quality.static.margins)
+    np.savez(path, **arrays)
 
 
 def load_quality(path: str, dimension: int | None = None) -> QualityModel:
@@ -139,10 +140,10 @@ class Selector:
         `static`: `vector` is the static tier's (None where the quality model has no predictor for it)."""
         part = self._parts.get((models, static))
         if part is None:
-            quality = self.quality.static if static else self.quality
-            if quality is None:
+            model = self.quality.static if static else self.quality
+            if model is None:
                 return None
-            part = self._parts[(models, static)] = self._part(models, quality)
+            part = self._parts[(models, static)] = self._part(models, model)
         known, unknown, weights, bias, margins, prices = part
         if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None
