@@ -5,12 +5,17 @@ one request are refused, each with its status and counted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import numpy as np
 import pytest
 
 from devstack.stack import stack_with
+from esr_app.routing_build import static_tier
+from esr_config import load_config
 from router.selection import QualityModel, save_quality
+from tests.support import ROOT
 
 TOKEN = "feedback-token-for-the-integration-test"
 PROMPT = "solve the equation 2x + 3 = 7 for x"
@@ -19,16 +24,21 @@ PROMPT = "solve the equation 2x + 3 = 7 for x"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, envoy_binary):
     workdir = tmp_path_factory.mktemp("feedback")
-    # Predictions that ignore the prompt: general-model 0.85, math-model 0.95 (bias only).
-    weights = np.zeros((2, 385), dtype=np.float32)
-    weights[:, -1] = (0.85, 0.95)
-    save_quality(QualityModel(("general-model", "math-model"), weights, np.array([0.02, 0.02], np.float32), 0.1),
-                 str(workdir / "quality.npz"), "bundled:all-MiniLM-L6-v2")
+    # Predictions that ignore the prompt: general-model 0.85, math-model 0.95 (bias only), from the
+    # encoder's vectors and from the static tier's alike (whichever tier decides, selection chooses).
+    static_dimension = static_tier(load_config(ROOT / "router.yaml")).encode(["x"]).shape[-1]
+
+    def bias_only(dimension: int) -> QualityModel:
+        weights = np.zeros((2, dimension + 1), dtype=np.float32)
+        weights[:, -1] = (0.85, 0.95)
+        return QualityModel(("general-model", "math-model"), weights, np.array([0.02, 0.02], np.float32), 0.1)
+
+    quality = dataclasses.replace(bias_only(384), static=bias_only(static_dimension))
+    save_quality(quality, str(workdir / "quality.npz"), "bundled:all-MiniLM-L6-v2")
 
     def selecting(config: dict) -> None:
         math = next(r for r in config["routes"] if r["name"] == "math")
         math["models"] = ["math-model", "general-model"]
-        config["static_tier"] = {"enabled": False}  # selection orders the encoder's decisions
         config["selection"] = {"path": str(workdir / "quality.npz"), "quality_floor": 0.8,
                                "prices": {"general-model": 1, "math-model": 10},
                                "feedback": {"enabled": True, "explore": 0.0, "prior": 2, "half_life": 10}}
@@ -43,6 +53,12 @@ def _chat(stack) -> httpx.Response:
     assert r.status_code == 200, r.text
     assert r.headers["x-semantic-route"] == "math"
     return r
+
+
+def test_a_static_tier_decision_is_selected_too(stack):
+    r = _chat(stack)
+    assert r.headers["x-semantic-route-tier"] == "static"  # this prompt is decided without the encoder
+    assert r.headers["x-semantic-selection-id"]
 
 
 def _score(stack, selection_id: str, score: float, token: str | None = TOKEN) -> httpx.Response:
