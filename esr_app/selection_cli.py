@@ -64,6 +64,65 @@ def cmd_select_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_select_eval(args: argparse.Namespace) -> int:
+    """A config's quality model judged on held-out score rows: its quality-cost curve against the
+    single models, random mixes and the oracle, and where its policy lands."""
+    import json
+
+    import numpy as np
+
+    from esr_app.quality_cli import offline
+    from esr_tuning.evaluation import routed_texts_of
+    from esr_tuning.score_matrix import matrix, read_rows
+    from esr_tuning.selection_eval import evaluate
+    from esr_tuning.selection_page import render
+    from router.selection import load_quality
+
+    config = load_or_exit(args.config)
+    selection = config.selection
+    if selection.path is None:
+        print(f"error: {args.config}: selection.path is not set (semantic-router select-fit writes it)", file=sys.stderr)
+        return 2
+    try:
+        quality = load_quality(selection.path)
+        scores = matrix(read_rows(args.rows), {**selection.prices})
+    except (OSError, ValueError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    missing = [m for m in quality.models if m not in scores.models]
+    if missing or len(scores.prompts) < 20:
+        print(f"error: {args.rows}: needs at least 20 prompts scored on every model the quality model chooses "
+              f"between {list(quality.models)}" + (f" (none for {missing})" if missing else ""), file=sys.stderr)
+        return 2
+    columns = [scores.models.index(m) for m in quality.models]
+    encoder, _ = offline(config)
+    predicted = quality.predict(encoder.encode(routed_texts_of(config, scores.prompts)))
+    prices = np.asarray([float(selection.prices.get(m, scores.costs[c])) for m, c in zip(quality.models, columns)])
+    report = evaluate("quality model", predicted, quality.margins, scores.scores[:, columns], prices,
+                      selection.quality_floor, quality.alpha, 0, selection.strategy, selection.budget, selection.lam)
+    report["models"] = list(quality.models)
+    if args.html:
+        Path(args.html).write_text(render(report, list(quality.models), f"Model selection: {args.config}"))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    policy = report["policy"]
+    strongest = max(range(len(prices)), key=lambda i: report["mean_score_per_model"][i])
+    print(f"{len(scores.prompts)} held-out prompts x {len(quality.models)} models")
+    print(f"{'model':24} {'price':>8} {'mean score':>10}")
+    for m, p, mean in zip(quality.models, prices, report["mean_score_per_model"]):
+        print(f"{m:24} {p:8g} {mean:10.3f}")
+    print(f"policy ({policy['strategy']}): mean cost {policy['cost']:g} "
+          f"({policy['cost'] / prices[strongest]:.2f}x always {quality.models[strongest]}), mean score {policy['score']:.3f}")
+    print(f"cost at 95% of the strongest's score: {report['cost_at_95pct']:.2f}x (oracle {report['oracle_cost_at_95pct']:.2f}x); "
+          f"APGR {report['apgr']:.3f} ({report['apgr_of_oracle']:.2f} of the oracle's)")
+    print(f"under the floor where predicted met: {report['floor_violations']:.3f} (alpha {quality.alpha:g}); "
+          f"beats single models: {report['beats_best_single']}, random mixes: {report['beats_random_mix']}")
+    if args.html:
+        print(f"wrote {args.html}")
+    return 0
+
+
 def add_parser(sub) -> None:
     sf = sub.add_parser("select-fit", help="fit model selection (quality by price) on eval rows: "
                         '{"prompt", "model", "score" 0..1, "cost"?} per line (docs/model-selection.md)')
@@ -81,4 +140,11 @@ def add_parser(sub) -> None:
         return cmd_select_fit(args)
 
     sf.set_defaults(func=run)
+    se = sub.add_parser("select-eval", help="judge a config's model selection on held-out score rows: its "
+                        "quality-cost curve against single models, random mixes and the oracle")
+    se.add_argument("--config", type=Path, required=True)
+    se.add_argument("--rows", type=Path, required=True, help="JSONL score rows the quality model was not fitted on")
+    se.add_argument("--html", type=Path, help="also draw the curve: one self-contained page")
+    se.add_argument("--json", action="store_true", help="one JSON object instead of the summary")
+    se.set_defaults(func=cmd_select_eval)
 

@@ -130,7 +130,8 @@ class Selector:
             raise ConfigError(f"selection.prices: no price for {missing}, which the quality model chooses between")
         self._prices = np.asarray([float(prices[m]) for m in quality.models])
         self._cheapest = float(self._prices.min())
-        self._parts: dict[tuple[tuple[str, ...], bool], tuple] = {}
+        self._parts: dict[tuple[str, ...], tuple] = {}  # by the candidates: the encoder's predictor's part
+        self._static_parts: dict[tuple[str, ...], tuple] = {}  # the static tier's
 
     def order(self, models: tuple[str, ...], vector: np.ndarray, route: str = "", static: bool = False
               ) -> Selected | None:
@@ -138,12 +139,13 @@ class Selector:
         not of the quality model's encoder (serving refuses such a file at load; never a failed request).
         `route`: the decided route: its floor (`route_floors`), and the feedback that corrects the predictions.
         `static`: `vector` is the static tier's (None where the quality model has no predictor for it)."""
-        part = self._parts.get((models, static))
+        parts = self._static_parts if static else self._parts
+        part = parts.get(models)
         if part is None:
             model = self.quality.static if static else self.quality
             if model is None:
                 return None
-            part = self._parts[(models, static)] = self._part(models, model)
+            part = parts[models] = self._part(models, model)
         known, unknown, weights, bias, margins, prices = part
         if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None

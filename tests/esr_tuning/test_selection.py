@@ -167,3 +167,49 @@ def test_where_the_static_tier_decides_selection_predicts_from_its_vectors(tmp_p
     assert decided.tier == "static" and decided.route == "math"
     assert decided.predicted_quality is not None, decided
     assert decided.model == "general-model" and decided.predicted_quality == pytest.approx(0.8, abs=0.05), decided
+
+
+@pytest.mark.processes
+def test_select_eval_draws_the_quality_cost_curve_against_single_models_and_the_oracle(tmp_path):
+    from html.parser import HTMLParser
+
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({
+        "routes": [{"name": "math", "models": ["frontier", "large", "small", "nano"], "utterances": ["solve 2x = 4"]}],
+        "default_route": {"name": "general", "models": ["frontier", "medium", "nano"]}}))
+    texts = [f"question {i} about {t}" for i in range(80) for t in ("algebra", "travel", "cooking")]
+    rows = synthetic(texts, [t.rsplit(" ", 1)[1] for t in texts], [t.rsplit(" ", 1)[1] for t in texts], seed=2)
+    fit_rows, held_out = [r for r in rows if int(r.prompt.split()[1]) < 50], [r for r in rows if int(r.prompt.split()[1]) >= 50]
+    write_rows(fit_rows, tmp_path / "fit.jsonl")
+    write_rows(held_out, tmp_path / "held.jsonl")
+    run = [sys.executable, "-m", "esr_app"]
+    fitted = subprocess.run([*run, "select-fit", "--config", str(config), "--rows", str(tmp_path / "fit.jsonl"),
+                             "--out", str(tmp_path / "fitted.yaml"), "--floor", "0.6"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert fitted.returncode == 0, fitted.stderr
+    judged = subprocess.run([*run, "select-eval", "--config", str(tmp_path / "fitted.yaml"), "--rows",
+                             str(tmp_path / "held.jsonl"), "--html", str(tmp_path / "curve.html"), "--json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert judged.returncode == 0, judged.stderr
+    report = json.loads(judged.stdout)
+    assert report["models"] == ["nano", "small", "medium", "large", "frontier"]
+    costs = [c for c, _ in report["curve"]]
+    assert costs == sorted(costs) and report["policy"]["strategy"] == "cheapest_meeting_floor"
+    # the oracle bounds any predictor: at the top of the curve it scores at least as well
+    assert report["oracle_curve"][-1][1] >= report["curve"][-1][1]
+
+    class Shapes(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[str, str]] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.seen.append((tag, dict(attrs).get("class", "")))
+
+    shapes = Shapes()
+    shapes.feed((tmp_path / "curve.html").read_text())
+    assert {("polyline", "router"), ("polyline", "oracle"), ("polyline", "mix"), ("rect", "policy")} <= set(shapes.seen)
+    assert shapes.seen.count(("circle", "model")) == 5
+    refused = subprocess.run([*run, "select-eval", "--config", str(config), "--rows", str(tmp_path / "held.jsonl")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "selection.path is not set" in refused.stderr
