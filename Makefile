@@ -114,45 +114,45 @@ test-integration: $(STAMP) $(MODELS) tools $(INFINITY)
 
 bench: $(STAMP) $(MODELS)
 	mkdir -p build
-	$(PY) -m bench.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
-	$(PY) -m bench.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
-	$(PY) -m bench.latency_bound --out build/bench-latency-bound.json
+	$(PY) -m bench.batcher.batcher_bench --out build/bench-batcher.json $(BENCH_ARGS)
+	$(PY) -m bench.frontend.ext_proc_bench --out build/bench-ext-proc.json $(BENCH_ARGS)
+	$(PY) -m bench.batcher.latency_bound --out build/bench-latency-bound.json
 
 # Contention (neighbour process, CPU quota; needs root for the cgroup) and overload through Envoy (wrk).
 bench-contention: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
-	$(PY) -m bench.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload_bench --out build/bench-overload.json
+	$(PY) -m bench.overload.contention_bench --out build/bench-contention.json $(BENCH_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.overload.overload_bench --out build/bench-overload.json
 
 # The model runtime, onnx against torch: routed req/s, CPU per request and c1 latency through Envoy (wrk).
 bench-runtime: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.runtime_bench --out build/bench-runtime.json $(BENCH_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.runtime.runtime_bench --out build/bench-runtime.json $(BENCH_ARGS)
 
 # The cascade (static tier first) against the encoder alone on the fitted CLINC150 recipe (make clinc150).
 bench-cascade: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	@test -f build/clinc150.fitted.yaml || $(MAKE) clinc150
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.cascade_bench --out build/bench-cascade.json $(BENCH_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.cascade.cascade_bench --out build/bench-cascade.json $(BENCH_ARGS)
 
 # The front end through Envoy: CPU per request, workers 1 / 2 / 4 fed by a stub model process (wrk).
 bench-frontend: $(STAMP) $(MODELS)
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	mkdir -p build
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.frontend_bench --out build/bench-frontend.json $(BENCH_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.frontend.frontend_bench --out build/bench-frontend.json $(BENCH_ARGS)
 
 # Large request bodies beside normal traffic; Envoy's memory under stalled uploads.
 bench-edge: $(STAMP) $(MODELS)
 	mkdir -p build
-	$(PY) -m bench.large_body_bench --out build/bench-large-body.json
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.stalled_uploads --out build/bench-stalled.json
+	$(PY) -m bench.frontend.large_body_bench --out build/bench-large-body.json
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m bench.frontend.stalled_uploads --out build/bench-stalled.json
 
 # The router on its own model vs on a remote Infinity, and the share of the engine's ceiling it reaches.
 bench-remote: $(STAMP) $(MODELS) $(INFINITY)
 	mkdir -p build
-	$(PY) -m bench.remote_bench --out build/bench-remote.json $(BENCH_ARGS)
+	$(PY) -m bench.batcher.remote_bench --out build/bench-remote.json $(BENCH_ARGS)
 
 soak: $(STAMP) $(MODELS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m devstack.soak --requests $(or $(REQUESTS),20000)

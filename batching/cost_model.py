@@ -5,7 +5,7 @@ the machine as it gets busier or quieter (a neighbour process, a CPU quota, ther
 Batches all of one size (an idle router sees singles) pin no slope: then the split between the
 fixed and per-token parts comes from the backend's warm-up (`calibrate`), and only the level from
 traffic. Without a calibration the whole cost is taken as per-token, which errs high for a long
-prompt after short ones (`python -m bench.long_prompt_cost` measures both).
+prompt after short ones (`python -m bench.frontend.long_prompt_cost` measures both).
 """
 
 from __future__ import annotations

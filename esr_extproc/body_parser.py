@@ -2,7 +2,7 @@
 a body whose shape makes it costly goes to a worker process.
 
 What a body costs to scan and decode is set by its structural characters (quotes, braces,
-brackets), not its length (docs/bad-input.md; `python -m bench.adversarial_parse`). So
+brackets), not its length (docs/bad-input.md; `python -m bench.frontend.adversarial_parse`). So
 only a body small in both bytes and structure is parsed on the loop (a few milliseconds at most);
 anything else, and every body too large to parse (scanned for its model and a repeated key), goes
 to the worker, with its request's deadline: the scan stops itself there (json_scan.OutOfTime),
@@ -30,7 +30,7 @@ from esr_extproc.request_body import ParsedBody, ReadOptions, from_summary, pars
 log = logging.getLogger(__name__)
 
 INLINE_BYTES = 64 * 1024  # plain text this long decodes in about a millisecond
-INLINE_STRUCTURE = 1024  # structural characters: a few ms at the worst cost per character (bench.adversarial_parse)
+INLINE_STRUCTURE = 1024  # structural characters: a few ms at the worst cost per character (bench.frontend.adversarial_parse)
 STUCK_S = 1.0
 
 

@@ -195,7 +195,7 @@ def trace(model, max_seq_length: int):
 
     Why: eager PyTorch returns to Python (and takes the GIL) between every op, and the router's
     event loop holds the GIL while it answers requests; the traced graph runs in C++
-    (docs/notes/benchmarks-history.md, `bench.contention_bench --torchscript on|off`: faster alone and
+    (docs/notes/benchmarks-history.md, `bench.overload.contention_bench --torchscript on|off`: faster alone and
     beside a neighbour). The trace is checked against eager on several shapes before use.
     """
     import torch

@@ -4,7 +4,7 @@ Why not a fixed number: a forward pass is many parallel regions, and each waits 
 its slowest thread. Alone, more threads are faster; beside a CPU-bound neighbour process, the thread
 that shares a core with it is descheduled mid-region and every region waits for it, so fewer threads
 are faster, and libgomp's wait-policy knobs do not change that (docs/notes/benchmarks-history.md;
-`python -m bench.contention_bench`). So the count is measured: the current count's batch cost is
+`python -m bench.overload.contention_bench`). So the count is measured: the current count's batch cost is
 learned from every batch, and now and then (0.25 s, doubling to 2 s while the choice holds) one
 batch runs with another count and is compared with what the current count would have taken for it;
 a clear win switches. The choice follows a neighbour that comes and goes; a switch is one

@@ -154,7 +154,7 @@ def train_guard_head(requests: Sequence[GuardRequest], vectors: dict[str, np.nda
 # guard catches. Measured with each of bastioncorpus's 7 attack categories left out of the fit in
 # turn: at 0.2 none of the left-out attacks the guard caught was cleared (at 0.5, 2 categories lost
 # recall; at 1.0, 4 did, 0.09 of the mean), and 52% of CLINC150 val and SGD dev requests were
-# (python -m bench.guard_screen; docs/static-tier.md#the-guards-static-screen).
+# (python -m bench.guard.guard_screen; docs/static-tier.md#the-guards-static-screen).
 SCREEN_MARGIN = 0.2
 
 

@@ -1,7 +1,7 @@
 """Model selection judged on held-out score rows, where every model's score of every prompt is known:
 what a predictor's choices cost and score against always one model, a random mix of two, and the
 oracle (which knows the scores). `semantic-router select-eval` reports it (and draws the curve) for
-a config's quality model; `bench/selection_bench.py` for the predictors it compares."""
+a config's quality model; `bench/quality/selection_bench.py` for the predictors it compares."""
 
 from __future__ import annotations
 

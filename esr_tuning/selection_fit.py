@@ -2,7 +2,7 @@
 from the embedding the router computes, and each model's margin, calibrated on held-out rows so that
 the share of requests whose chosen model scores under the floor stays near the stated rate.
 
-Two predictors, compared by `python -m bench.selection_bench`: ridge regression on the embedding
+Two predictors, compared by `python -m bench.quality.selection_bench`: ridge regression on the embedding
 (what serves: one small matrix product a request) and the mean score of the k most similar training
 prompts (kNN: as good where data is plentiful, but it keeps every training vector).
 """

@@ -33,15 +33,15 @@ part() { local name=$1 limit=$2; shift 2; [[ " $PARTS " == *" $name "* ]] || ret
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 500 > $LOGS/gpu-util.csv 2>&1 &
 
 # 1. The forward pass alone: captured graphs against eager; host time per forward.
-part forward 120 python3 -m bench.gpu_forward --model $MODEL --batches 1 16 64 128 --repeats 40 --out "$OUT/forward.json"
+part forward 120 python3 -m bench.gpu.gpu_forward --model $MODEL --batches 1 16 64 128 --repeats 40 --out "$OUT/forward.json"
 # 2. The model process alone (socket, batcher, tokenizer): embeddings/s with four front ends' load.
-part model_process 120 python3 -m bench.model_process_bench --model cuda --model-dir $MODEL --variants ${MP_VARIANTS:-gpu} \
+part model_process 120 python3 -m bench.batcher.model_process_bench --model cuda --model-dir $MODEL --variants ${MP_VARIANTS:-gpu} \
   --loaders 4 --callers 128 --seconds 5 --trials 1 --out "$OUT/model_process.json"
 # 3. The node: N front-end processes feeding the model process, ext_proc load from four processes.
-part node 240 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends ${NODE_FRONT_ENDS:-6 10} --static off on \
+part node 240 python3 -m bench.batcher.node_bench --model cuda --model-dir $MODEL --front-ends ${NODE_FRONT_ENDS:-6 10} --static off on \
   --loaders ${NODE_LOADERS:-4} --streams 64 --seconds 5 --most 25000 --trials 1 --out "$OUT/node.json"
 # 4. One request at a time through one front end: the latency a lone caller sees.
-part c1 90 python3 -m bench.node_bench --model cuda --model-dir $MODEL --front-ends 1 --static off on \
+part c1 90 python3 -m bench.batcher.node_bench --model cuda --model-dir $MODEL --front-ends 1 --static off on \
   --loaders 1 --streams 1 --seconds 4 --most 5000 --trials 1 --out "$OUT/c1.json"
 # 5. Held-out accuracy, the same config on the GPU (fp16) and on the CPU (ONNX Runtime fp32): CLINC150
 #    few-shot (10 utterances per intent, fitted on val's even lines, scored on its odd lines).

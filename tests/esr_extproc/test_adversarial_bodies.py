@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.adversarial_parse import SHAPES, cpu_ms
+from bench.frontend.adversarial_parse import SHAPES, cpu_ms
 from esr_extproc.body_parser import BodyParser, ParseTimeout
 from esr_extproc.json_scan import MAX_DEPTH, BadBody, scan_unread
 from esr_extproc.request_body import ReadOptions, parse_body

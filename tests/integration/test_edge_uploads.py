@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.stalled_uploads import POD_LIMIT_MB, stall_many
+from bench.frontend.stalled_uploads import POD_LIMIT_MB, stall_many
 from devstack.stack import stack_with
 
 REQUEST_TIMEOUT_S = 5

@@ -26,7 +26,7 @@ def run_bench(module: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.processes
 def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_bench("batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2", "--out", str(out))
+    proc = run_bench("batcher.batcher_bench", "--workloads", "short", "--scale", "0.03", "--repeats", "2", "--out", str(out))
     result = json.loads(out.read_text())
     rows = {r["scenario"]: r for r in result["rows"]}
     assert set(rows) == SCENARIOS
@@ -42,7 +42,7 @@ def test_batcher_bench_reports_every_scenario_and_target(tmp_path):
 
 
 def test_latency_bound_simulation_batches_what_queued():
-    from bench.latency_bound import simulate
+    from bench.batcher.latency_bound import simulate
 
     # A lone request at a trickle costs exactly one batch of 1.
     alone = simulate({1: 10.0, 64: 10.0}, rate_per_s=1.0, cap=64, seconds=60)
@@ -57,7 +57,7 @@ def test_latency_bound_simulation_batches_what_queued():
 @pytest.mark.processes
 def test_large_body_bench_runs_both_phases(tmp_path):
     out = tmp_path / "large.json"
-    run_bench("large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out))
+    run_bench("frontend.large_body_bench", "--seconds", "1", "--senders", "1", "--out", str(out))
     result = json.loads(out.read_text())
     quiet, busy = result["rows"]
     assert quiet["throughput_rps"] > 0 and busy["throughput_rps"] > 0 and busy["large_bodies_per_s"] > 0
@@ -67,7 +67,7 @@ def test_large_body_bench_runs_both_phases(tmp_path):
 @pytest.mark.processes
 def test_int8_formats_bench_reports_every_format_and_the_pick(tmp_path):
     out = tmp_path / "int8.json"
-    run_bench("int8_formats", "--prompts", "64", "--speed-prompts", "32", "--trials", "1", "--out", str(out))
+    run_bench("runtime.int8_formats", "--prompts", "64", "--speed-prompts", "32", "--trials", "1", "--out", str(out))
     result = json.loads(out.read_text())
     rows = {r["runtime"]: r for r in result["rows"]}
     assert set(rows) == {"fp32", "u8s8", "u8u8"} and sum(r["picked"] for r in rows.values()) == 1
