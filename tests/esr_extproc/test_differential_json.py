@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,6 +163,7 @@ MUTATIONS = {"rename": _rename, "add_member": _add_member, "trailing": _trailing
              "bad_byte": _bad_byte, "nested_variant": _nested_variant}
 
 
+@pytest.mark.slow
 @given(raw=bodies())
 @settings(max_examples=1500, deadline=None)
 def test_no_backend_reads_a_body_other_than_the_router_did(raw):

@@ -39,6 +39,7 @@ def test_a_clients_model_value_is_cut_in_its_span():
     assert attributes["semantic_router.requested_model"] == "m" * 256
 
 
+@pytest.mark.slow
 def test_every_span_is_bounded_whatever_is_set_on_it():
     from esr_extproc.tracing import ATTRIBUTE_MAX, SPAN_ATTRIBUTES_MAX
 

@@ -84,6 +84,7 @@ def test_an_int8_export_is_refused_on_a_cpu_that_does_not_compute_its_format_exa
     assert OnnxEncoder(EncoderConfig(model=str(copy), backend="onnx", precision="int8", cpu_threads=1)).precision == "int8"
 
 
+@pytest.mark.slow
 def test_the_bundled_int8_graph_is_made_on_this_cpu_and_close_to_fp32_on_clinc150_prompts():
     here = int8_kernels.this_cpu()
     record = export_record(BUNDLED).get("int8", {})

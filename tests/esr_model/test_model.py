@@ -43,6 +43,7 @@ def test_bundled_model_resolves_to_package_weights():
         resolve_model("bundled:nope")
 
 
+@pytest.mark.slow  # the torch runtime loaded (seconds): the CPU default is ONNX Runtime
 def test_embeddings_are_normalised_and_truncated(encoder):
     out = encoder.encode(["short", "word " * 5000])
     assert out.shape == (2, 384)
@@ -50,6 +51,7 @@ def test_embeddings_are_normalised_and_truncated(encoder):
     assert len(encoder.tokenize(["word " * 5000])[0]) == encoder.max_seq_length
 
 
+@pytest.mark.slow
 def test_batched_equals_single_through_the_batcher(encoder):
     texts = [p for ps in PROMPTS.values() for p in ps] + ["a much longer prompt " * 20]
     singles = np.stack([encoder.embed(encoder.tokenize([t]))[0] for t in texts])
@@ -65,6 +67,7 @@ def test_batched_equals_single_through_the_batcher(encoder):
     np.testing.assert_allclose(batched, singles, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # the torch runtime loaded (seconds): the CPU default is ONNX Runtime
 def test_shipped_config_routes_sample_prompts(encoder):
     config = load_config(ROOT / "router.yaml")
     classifier = RouteClassifier(config, encoder.encode)
@@ -93,6 +96,7 @@ def test_cli_reports_config_errors_by_key(tmp_path):
     assert "routes: needs at least one route" in out.stderr
 
 
+@pytest.mark.slow  # the torch runtime loaded (seconds): the CPU default is ONNX Runtime
 def test_cpu_bf16_stays_close_to_fp32(encoder):
     bf16 = SentenceEncoder(EncoderConfig(device="cpu", cpu_bf16=True))
     texts = [p for ps in PROMPTS.values() for p in ps]
@@ -100,6 +104,7 @@ def test_cpu_bf16_stays_close_to_fp32(encoder):
     assert cos.min() > 0.98, cos.min()
 
 
+@pytest.mark.slow  # the torch runtime loaded (seconds): the CPU default is ONNX Runtime
 def test_torchscript_graph_matches_the_eager_model(encoder):
     assert encoder._traced is not None  # the bundled model traces
     eager = SentenceEncoder(EncoderConfig(device="cpu", torchscript=False))

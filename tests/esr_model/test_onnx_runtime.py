@@ -46,6 +46,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+@pytest.mark.slow
 def test_same_tokens_and_same_vectors_as_torch(onnx, torch_encoder):
     texts = CLINC_LIKE + HOSTILE
     assert onnx.tokenize(texts) == torch_encoder.tokenize(texts)  # truncation and special tokens alike

@@ -189,6 +189,7 @@ def test_evaluate_reports_accuracy_at_a_shifted_default_share():
     assert r["shifted"] == {"default_share": 0.2, "accuracy": 0.8}
 
 
+@pytest.mark.slow
 def test_a_head_with_a_hidden_layer_learns_what_a_linear_one_cannot_and_saves_whole(tmp_path):
     from router.head import LinearHead, train_head
 
