@@ -105,14 +105,20 @@ def test_a_quality_model_file_is_refused_by_the_key_when_it_does_not_fit(tmp_pat
         load_quality(str(tmp_path / "bad.npz"))
 
 
-@pytest.mark.processes
-def test_select_fit_writes_a_config_that_serves_the_quality_model(tmp_path):
+def _five_models(tmp_path, per_topic: int, seed: int):
+    """A config whose routes rank the synthetic matrix's five models, and its rows over three topics."""
     config = tmp_path / "router.yaml"
     config.write_text(json.dumps({
         "routes": [{"name": "math", "models": ["frontier", "large", "small", "nano"], "utterances": ["solve 2x = 4"]}],
         "default_route": {"name": "general", "models": ["frontier", "medium", "nano"]}}))
-    texts = [f"question {i} about {t}" for i in range(60) for t in ("algebra", "travel", "cooking")]
-    rows = synthetic(texts, [t.rsplit(" ", 1)[1] for t in texts], [t.rsplit(" ", 1)[1] for t in texts], seed=1)
+    texts = [f"question {i} about {t}" for i in range(per_topic) for t in ("algebra", "travel", "cooking")]
+    topics = [t.rsplit(" ", 1)[1] for t in texts]
+    return config, synthetic(texts, topics, topics, seed=seed)
+
+
+@pytest.mark.processes
+def test_select_fit_writes_a_config_that_serves_the_quality_model(tmp_path):
+    config, rows = _five_models(tmp_path, 60, seed=1)
     write_rows(rows, tmp_path / "rows.jsonl")
     done = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(config), "--rows",
                            str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "fitted.yaml"), "--floor", "0.6"],
@@ -173,12 +179,7 @@ def test_where_the_static_tier_decides_selection_predicts_from_its_vectors(tmp_p
 def test_select_eval_draws_the_quality_cost_curve_against_single_models_and_the_oracle(tmp_path):
     from html.parser import HTMLParser
 
-    config = tmp_path / "router.yaml"
-    config.write_text(json.dumps({
-        "routes": [{"name": "math", "models": ["frontier", "large", "small", "nano"], "utterances": ["solve 2x = 4"]}],
-        "default_route": {"name": "general", "models": ["frontier", "medium", "nano"]}}))
-    texts = [f"question {i} about {t}" for i in range(80) for t in ("algebra", "travel", "cooking")]
-    rows = synthetic(texts, [t.rsplit(" ", 1)[1] for t in texts], [t.rsplit(" ", 1)[1] for t in texts], seed=2)
+    config, rows = _five_models(tmp_path, 80, seed=2)
     fit_rows, held_out = [r for r in rows if int(r.prompt.split()[1]) < 50], [r for r in rows if int(r.prompt.split()[1]) >= 50]
     write_rows(fit_rows, tmp_path / "fit.jsonl")
     write_rows(held_out, tmp_path / "held.jsonl")

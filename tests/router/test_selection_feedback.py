@@ -144,15 +144,16 @@ def test_feedback_needs_a_token_of_some_length_named_by_the_key(monkeypatch):
 
 
 
-def test_a_bad_feedback_key_is_named_in_full(tmp_path):
+@pytest.mark.parametrize("selection, key", [
+    ({"feedback": {"explore": 0.5}}, "selection.feedback.explore"),
+    ({"feedback": {"enabled": True}}, "selection.feedback.enabled"),  # no quality model to correct
+    ({"route_floors": {"lgeal": 0.9}}, "selection.route_floors.lgeal"),  # no such route
+])
+def test_a_bad_selection_key_is_named_in_full(tmp_path, selection, key):
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
-    config["selection"] = {"feedback": {"explore": 0.5}}
+    config["selection"] = selection
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match="selection.feedback.explore"):
-        load_config(tmp_path / "c.yaml")
-    config["selection"] = {"feedback": {"enabled": True}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match="selection.feedback.enabled"):
+    with pytest.raises(ConfigError, match=key):
         load_config(tmp_path / "c.yaml")
 
 
@@ -182,11 +183,3 @@ def test_a_route_may_hold_its_own_floor():
     v = np.zeros(1)
     assert selector.order(("dear", "cheap"), v, "chat").models[0] == "cheap"  # 0.80 meets 0.75
     assert selector.order(("dear", "cheap"), v, "legal").models[0] == "dear"  # 0.80 does not meet 0.9
-
-
-def test_a_floor_for_a_route_that_does_not_exist_is_named(tmp_path):
-    config = yaml.safe_load((ROOT / "router.yaml").read_text())
-    config["selection"] = {"route_floors": {"lgeal": 0.9}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match="selection.route_floors.lgeal"):
-        load_config(tmp_path / "c.yaml")
