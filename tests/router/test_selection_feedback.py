@@ -5,18 +5,19 @@ got worse losing its traffic."""
 from __future__ import annotations
 
 import itertools
+import random
 
 import numpy as np
 import pytest
 import yaml
 
 from esr_config import load_config
-from tests.support import ROOT
 from esr_settings import ConfigError
 from router.config import SelectionFeedbackConfig
 from router.feedback import BadFeedback, FeedbackBook, SelectionIds, parse_feedback
 from router.rules import RequestFacts
 from router.selection import Feedback, QualityModel, Selector, feedback_for
+from tests.support import ROOT
 
 TOKEN = b"a-feedback-token-of-some-length"
 
@@ -76,7 +77,7 @@ def test_a_correction_grows_with_the_evidence_and_forgets_the_old():
 def _selector(explore: float = 0.0, draws=None) -> Selector:
     quality = QualityModel(("cheap", "dear"), np.array([[0.0, 0.85], [0.0, 0.95]]), np.array([0.05, 0.05]), 0.1)
     feedback = Feedback(FeedbackBook(half_life=200, prior=20), SelectionIds(TOKEN, 3600), explore, "/fb", TOKEN,
-                        draw=(lambda: next(draws)) if draws is not None else __import__("random").random)
+                        draw=(lambda: next(draws)) if draws is not None else random.random)
     return Selector(quality, "cheapest_meeting_floor", {"cheap": 1.0, "dear": 20.0}, 0.75, None, 0.0, feedback)
 
 
