@@ -18,7 +18,7 @@ $(STAMP): requirements.lock pyproject.toml
 # The bundled model's ONNX export (encoder.backend onnx, the CPU default), in the model's own
 # directory: made again when the code that makes it changes (--force: the export's own staleness
 # check looks at the weights only, esr_model/location.py). Its int8 graph only where this CPU
-# computes int8 exactly (docs/benchmarks.md, "CPU requirements and int8"); fp32 on any CPU.
+# computes int8 exactly (docs/model-runtime.md, "CPU requirements and int8"); fp32 on any CPU.
 MODELS := $(VENV)/.models
 $(MODELS): $(STAMP) esr_model/export.py esr_model/location.py esr_model/quantize.py esr_model/int8_kernels.py esr_model/static_embedding.py
 	$(PY) -m esr_app export --config router.yaml --force

@@ -47,13 +47,13 @@ class BatcherSettings:
         if self.max_padding != "auto" and not (isinstance(self.max_padding, (int, float))
                                                and 0.0 <= self.max_padding <= 1.0):
             raise SettingError("max_padding", "must be auto or between 0 and 1")
-        if self.max_queue_requests < self.batch_size:
+        if self.max_batch_size != "auto" and self.max_queue_requests < self.max_batch_size:
             raise SettingError("max_queue_requests", "must be >= max_batch_size")
 
     @property
     def batch_size(self) -> int:
         """`max_batch_size` as a count; auto where nobody resolved it for a device is the CPU's."""
-        return CPU_BATCH if self.max_batch_size == "auto" else self.max_batch_size
+        return min(CPU_BATCH, self.max_queue_requests) if self.max_batch_size == "auto" else self.max_batch_size
 
     @property
     def padding(self) -> float:

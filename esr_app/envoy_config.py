@@ -199,12 +199,13 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         r.setdefault("response_headers_to_add", []).extend([served, attempts])
     for r in routes[undecided:]:
         r["stat_prefix"] = UNDECIDED_STATS
-    routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
-               for prefix in config.envoy.passthrough_paths]
     feedback = config.selection.feedback
     if feedback.enabled:  # the router answers a score itself; this reply only where it did not
+        # Before the passthrough prefixes: a score (and its token) never goes on to a backend.
         routes.append({"match": {"path": feedback.path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
                        **_json_reply(503, FEEDBACK_UNTAKEN, {"retry-after": "1"})})
+    routes += [{"match": {"prefix": prefix}, "route": default, "typed_per_filter_config": _EXT_PROC_OFF}
+               for prefix in config.envoy.passthrough_paths]
     routes.append({"match": {"prefix": "/"}, **_json_reply(404, NOT_FOUND, {}), "typed_per_filter_config": _EXT_PROC_OFF})
     return routes
 

@@ -47,17 +47,11 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     static = await on_own_thread(static_tier, config, current.static.encode if current and current.static else None)
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
-                           utterances=lookup, static=static, book=_feedback_book(current), learns=True)
+                           utterances=lookup, static=static, feedback=current.feedback if current is not None else None, learns=True)
     if engine.models.selector is not None and lookup:
         engine.models.selector.quality.require_dimension(next(iter(lookup.values())).shape[-1], config.selection.path)
     return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings),
                    service_settings(config, engine))
-
-
-def _feedback_book(engine: RoutingEngine | None):
-    """What selection feedback the serving engine gathered: a reload keeps learning from it."""
-    feedback = engine.feedback if engine is not None else None
-    return feedback.book if feedback is not None else None
 
 
 def static_tier(config: RouterConfig, encode=None) -> StaticTier | None:

@@ -29,6 +29,19 @@ def _refused(kind: str, message: str) -> pb.ProcessingResponse:
     return replies.immediate(openai_error(_STATUS[kind], message, f"feedback_{kind}"), {}, details="semantic_router_feedback")
 
 
+def refused_at_headers(stream: RequestStream, feedback, end_of_stream: bool) -> pb.ProcessingResponse | None:
+    """A score refused before its body is read: no token, a declared length over MAX_BODY, or no
+    body at all; None: read the body (feedback_answer)."""
+    if not feedback.authorized(stream.headers.get("authorization", "")):
+        return _refused("unauthorized", "Send the feedback token: Authorization: Bearer <token>.")
+    if end_of_stream:
+        return _refused("bad_body", 'Send {"selection_id": ..., "score": 0..1}.')
+    declared = stream.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        return _refused("too_large", f"A feedback body is at most {MAX_BODY} bytes.")
+    return None
+
+
 def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.ProcessingResponse:
     feedback = current.engine.feedback if current is not None else None
     if feedback is None:  # off since the headers (a reload): nothing to fold it into

@@ -10,6 +10,7 @@ from esr_cache.cache import ResponseCache
 from esr_cache.exchange import CacheExchange
 from esr_extproc import encodings, metrics, replies, routed_answer
 from esr_extproc.body_modes import declared_over_limit
+from esr_extproc.feedback_answer import refused_at_headers
 from esr_extproc.headers import CACHE_KEEPER, EPP_DESTINATION, LLM_PATHS, PINNED_NAMESPACE, REASON
 from esr_extproc.routed_answer import refusal, shed_refusal
 from esr_extproc.serving import Serving
@@ -57,6 +58,9 @@ def on_headers(request: pb.ProcessingRequest, stream: RequestStream, current: Se
     if feedback is not None:
         stream.feedback_path = feedback.path
         if stream.feedback_call:  # a score for selection: its body is read, never routed nor shed
+            refused = refused_at_headers(stream, feedback, headers.end_of_stream)
+            if refused is not None:
+                return refused
             return replies.headers_continue(spoofed, False, standard, buffer_body=stream.streamed)
     if not stream.llm_call:
         metrics.REQUESTS.labels("not_processed").inc()

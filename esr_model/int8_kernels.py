@@ -1,7 +1,7 @@
 """Which int8 format ONNX Runtime computes exactly on this CPU: chosen from the CPU's features and
 confirmed by running the kernel on worst-case values.
 
-Why it matters (docs/benchmarks.md, "CPU requirements and int8"): ONNX Runtime's int8 GEMM (MLAS) multiplies a uint8
+Why it matters (docs/model-runtime.md, "CPU requirements and int8"): ONNX Runtime's int8 GEMM (MLAS) multiplies a uint8
 input by int8 weights ("u8s8") with `vpmaddubsw` on AVX2 and AVX-512BW, which adds each pair of
 products into a 16-bit lane that saturates: 255 x 127 x 2 > 32767. Only VNNI (`vpdpbusd`: AVX-512
 VNNI, AVX-VNNI) sums u8 x s8 products in 32 bits. uint8 weights ("u8u8") are widened to 16 bits and

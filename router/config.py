@@ -352,7 +352,7 @@ class SelectionFeedbackConfig:
     token_env: str = "SEMANTIC_ROUTER_FEEDBACK_TOKEN"
     path: str = "/semantic-router/feedback"  # POSTed through the gateway; the router answers it itself
     half_life: float = 200.0  # scores after which a (route, model)'s past counts half
-    prior: float = 20.0  # scores before a correction counts in full (it is shrunk towards 0 until then)
+    prior: float = 20.0  # scores after which a correction counts half (it is shrunk towards 0 by the evidence)
     explore: float = 0.02  # share of selected requests sent to another capable model, to keep scores coming
     max_age_s: float = 86400.0  # an id older than this is refused
 
@@ -361,7 +361,10 @@ class SelectionFeedbackConfig:
         require(self.prior >= 0, "prior", "must not be negative")
         require(0.0 <= self.explore <= 0.2, "explore", "must be between 0 and 0.2")
         require(self.max_age_s > 0, "max_age_s", "must be positive")
-        require(self.path.startswith("/") and "?" not in self.path, "path", "must be a path (/...) without a query")
+        # As the router compares paths (lower case, no trailing slash) and never an LLM API path's.
+        require(self.path.startswith("/") and "?" not in self.path and self.path == self.path.lower().rstrip("/")
+                and "/v1/" not in self.path + "/", "path",
+                "must be a lower-case path (/...) without a query or a trailing slash, outside /v1/")
         require(bool(self.token_env), "token_env", "must name an environment variable")
 
 

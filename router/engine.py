@@ -17,7 +17,6 @@ from router.capabilities import ModelChoice
 from router.config import RoutingConfig
 from router.embedding_cache import EmbeddingCache
 from router.rules import RequestFacts, Rules
-from router.feedback import FeedbackBook
 from router.selection import Feedback, selector_for
 from router.static_tier import StaticTier
 
@@ -53,9 +52,9 @@ def _fallback_reason(exc: Exception) -> str:
 class RoutingEngine:
     def __init__(self, config: RoutingConfig, batcher: Embedder, classifier: RouteClassifier,
                  cache: EmbeddingCache | None = None, utterances: dict[str, np.ndarray] | None = None,
-                 static: StaticTier | None = None, book: FeedbackBook | None = None, learns: bool = False):
+                 static: StaticTier | None = None, feedback: Feedback | None = None, learns: bool = False):
         """`cache`: one the engine a reload replaces used (embeddings do not depend on routes);
-        `book`: the selection feedback it had gathered (router/feedback.py), kept across the reload;
+        `feedback`: the selection feedback of the engine a reload replaces (router/selection.feedback_for);
         `learns`: serving (selection feedback, where on, is taken; offline it is not);
         `utterances`: the routes' utterance embeddings, kept so a reload re-embeds only new ones;
         `static`: the cascade's first tier (None: the encoder decides every request)."""
@@ -66,7 +65,7 @@ class RoutingEngine:
         self.classifier = classifier
         self.rules = Rules(config)
         # which of the decided route's models serves the request (by quality and price where selection is on)
-        self.models = ModelChoice(config, selector_for(config.selection, book, learns))
+        self.models = ModelChoice(config, selector_for(config.selection, feedback, learns))
         self.cache = cache if cache is not None else EmbeddingCache(config.cache_size)
         self.cache.resize(config.cache_size)
         # A pinned model is reported under the first route that sends to it first, else the first

@@ -3,7 +3,8 @@ gets a signed selection id; an evaluator later posts that id with the score the 
 the router moves its prediction for that route and model towards what was seen.
 
 Per (route, model) the router keeps an exponentially weighted mean of the residual (score seen less
-score predicted), shrunk towards zero until `prior` scores have arrived: a model whose answers got
+the quality model's own prediction, which the id carries), shrunk towards zero by the weight of the
+evidence (half at `prior` scores): a model whose answers got
 worse loses its traffic as the evidence accumulates, not on one bad score. A small, counted share of
 requests (`explore`) goes to another capable model so that a model that lost its traffic still earns
 scores, and can win it back.
@@ -60,7 +61,8 @@ class SelectionIds:
         self._secret = secret
         self.max_age_s = max_age_s
         self._clock = clock
-        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when issued
+        self._forgotten_until = float("-inf")  # ids issued by then may have been scored and forgotten
         self._names: dict[tuple[str, str], str] = {}  # (route, model) -> their part of an id: a config's few
 
     def issue(self, route: str, model: str, predicted: float) -> str:
@@ -74,21 +76,27 @@ class SelectionIds:
     def verify(self, selection_id: str) -> Issued:
         """The request an id was issued for; BadFeedback where it is not ours, too old, or scored already."""
         body, _, mac = selection_id.rpartition(".")
-        if not body or not hmac.compare_digest(mac, self._mac(body)):
+        if not body or not selection_id.isascii() or not hmac.compare_digest(mac, self._mac(body)):
             raise BadFeedback("bad_id", "selection_id was not issued by this router")
-        route, model, predicted, issued, _ = body.split(".")
-        at = float(issued)
-        if self._clock() - at > self.max_age_s:
+        try:  # ours (the MAC holds): its parts are as issue() wrote them
+            route, model, predicted, issued, _ = body.split(".")
+            found = Issued(_unb64(route).decode(), _unb64(model).decode(), int(predicted) / 10_000, float(issued))
+        except ValueError:
+            raise BadFeedback("bad_id", "selection_id was not issued by this router") from None
+        if self._clock() - found.issued > self.max_age_s:
             raise BadFeedback("expired", f"selection_id is older than {self.max_age_s:g} s")
+        if found.issued <= self._forgotten_until:  # its first score may have been forgotten: refused as old
+            raise BadFeedback("expired", "selection_id is older than the scores this router still remembers")
         if selection_id in self._seen:
             raise BadFeedback("repeated", "this selection_id was scored already")
-        self._seen[selection_id] = None
+        self._seen[selection_id] = found.issued
         if len(self._seen) > SEEN:
-            self._seen.popitem(last=False)
-        return Issued(_unb64(route).decode(), _unb64(model).decode(), int(predicted) / 10_000, at)
+            _, issued_at = self._seen.popitem(last=False)
+            self._forgotten_until = max(self._forgotten_until, issued_at)
+        return found
 
     def _mac(self, body: str) -> str:
-        return _b64(hashlib.blake2b(body.encode(), key=self._secret[:64], digest_size=16).digest())
+        return _b64(hashlib.blake2b(body.encode("ascii"), key=self._secret[:64], digest_size=16).digest())
 
 
 class FeedbackBook:

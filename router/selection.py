@@ -105,6 +105,7 @@ class Feedback:
     path: str  # where evaluators post scores
     token: bytes  # what they authenticate with (Authorization: Bearer ...)
     draw: Callable[[], float] = random.random
+    source: tuple = ()  # (quality model, half-life, prior) the book's corrections are of
 
     def authorized(self, authorization: str) -> bool:
         scheme, _, given = authorization.partition(" ")
@@ -155,6 +156,7 @@ class Selector:
         if feedback is None:
             rank = self._rank(predicted, margins, prices, floor)
             return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[rank[0]]), float(prices[rank[0]]))
+        raw = predicted
         corrections = feedback.book.corrections(route, known)
         if corrections is not None:
             predicted = predicted + np.asarray(corrections, dtype=predicted.dtype)
@@ -163,9 +165,10 @@ class Selector:
         if explored:  # another capable model first, drawn evenly; the rest keep their order
             rank.insert(0, rank.pop(1 + int(feedback.draw() * (len(rank) - 1)) % (len(rank) - 1)))
         first = rank[0]
-        quality = float(predicted[first])
-        return Selected(tuple(known[i] for i in rank) + unknown, quality, float(prices[first]), explored,
-                        feedback.ids.issue(route, known[first], quality))
+        # The id carries the quality model's own prediction: a score's residual is measured against
+        # it, so the correction converges on the model's whole error (not on what is left of it).
+        return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]),
+                        explored, feedback.ids.issue(route, known[first], float(raw[first])))
 
     def _part(self, models: tuple[str, ...], quality: QualityModel) -> tuple:
         """What order() reads for one tuple of candidates (a route's capable models: a config's few)."""
@@ -201,23 +204,32 @@ def rank(strategy: Strategy, predicted: np.ndarray, margins: np.ndarray, prices:
     return sorted(n, key=lambda i: -(score[i] - lam * price[i] / reference))
 
 
-def selector_for(config, book: FeedbackBook | None = None, learns: bool = False) -> Selector | None:
+def selector_for(config, previous: Feedback | None = None, learns: bool = False) -> Selector | None:
     """The selector a config's `selection` section asks for (a SelectionConfig); None: off. `learns`:
     serving, where feedback (if on) corrects, explores and signs ids; offline decisions do none of it
-    (the same records replay to the same decisions). `book`: the corrections so far (a reload's)."""
+    (the same records replay to the same decisions). `previous`: the feedback of the selector a
+    reload replaces, kept where it still applies (feedback_for)."""
     if config.path is None:
         return None
     return Selector(load_quality(config.path), config.strategy, config.prices, config.quality_floor, config.budget,
-                    config.lam, feedback_for(config.feedback, book) if learns else None, config.route_floors)
+                    config.lam, feedback_for(config, previous) if learns else None, config.route_floors)
 
 
-def feedback_for(config, book: FeedbackBook | None = None) -> Feedback | None:
-    """Feedback as a SelectionFeedbackConfig asks for; ConfigError, naming the key, without its token."""
-    if not config.enabled:
+def feedback_for(config, previous: Feedback | None = None) -> Feedback | None:
+    """Feedback as a SelectionConfig's `feedback` asks for; ConfigError, naming the key, without its
+    token. From `previous` (a reload's) it keeps the ids it issued and scored, under the same token,
+    and the corrections, for the same quality model and the same half-life and prior."""
+    settings = config.feedback
+    if not settings.enabled:
         return None
-    token = os.environ.get(config.token_env, "")
+    token = os.environ.get(settings.token_env, "").strip().encode()
     if len(token) < 16:
-        raise ConfigError(f"selection.feedback.token_env: set {config.token_env} to a secret of at least 16 "
+        raise ConfigError(f"selection.feedback.token_env: set {settings.token_env} to a secret of at least 16 "
                           "characters (evaluators send it; it signs selection ids)")
-    return Feedback(book or FeedbackBook(config.half_life, config.prior), SelectionIds(token.encode(), config.max_age_s),
-                    config.explore, config.path, token.encode())
+    source = (config.path, settings.half_life, settings.prior)
+    ids = SelectionIds(token, settings.max_age_s)
+    if previous is not None and hmac.compare_digest(previous.token, token) and previous.ids.max_age_s == settings.max_age_s:
+        ids = previous.ids
+    book = previous.book if previous is not None and previous.source == source else \
+        FeedbackBook(settings.half_life, settings.prior)
+    return Feedback(book, ids, settings.explore, settings.path, token, source=source)

@@ -93,6 +93,11 @@ def test_feedback_without_the_token_a_forged_id_or_a_second_score_is_refused(sta
     selection_id = _chat(stack).headers["x-semantic-selection-id"]
     before = {k: _counted(stack, k) for k in ("unauthorized", "bad_id", "repeated", "bad_body")}
     assert _score(stack, selection_id, 1.0, token=None).status_code == 401
+    empty = httpx.post(f"{stack.url}/semantic-router/feedback", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "feedback_bad_body"
+    large = httpx.post(f"{stack.url}/semantic-router/feedback", content=b" " * 5000, timeout=30,
+                       headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert large.status_code == 413
     assert _score(stack, selection_id, 1.0, token="not-the-token-at-all-no").status_code == 401
     body, _, mac = selection_id.rpartition(".")
     parts = body.split(".")
@@ -104,7 +109,7 @@ def test_feedback_without_the_token_a_forged_id_or_a_second_score_is_refused(sta
     assert again.status_code == 409 and again.json()["error"]["code"] == "feedback_repeated"
     after = {k: _counted(stack, k) for k in before}
     assert after == {"unauthorized": before["unauthorized"] + 2, "bad_id": before["bad_id"] + 1,
-                     "repeated": before["repeated"] + 1, "bad_body": before["bad_body"] + 1}
+                     "repeated": before["repeated"] + 1, "bad_body": before["bad_body"] + 2}
 
 
 def test_a_client_cannot_send_its_own_selection_id_upstream(stack):

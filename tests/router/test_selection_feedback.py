@@ -13,7 +13,7 @@ import yaml
 
 from esr_config import load_config
 from esr_settings import ConfigError
-from router.config import SelectionFeedbackConfig
+from router.config import SelectionConfig, SelectionFeedbackConfig
 from router.feedback import BadFeedback, FeedbackBook, SelectionIds, parse_feedback
 from router.rules import RequestFacts
 from router.selection import Feedback, QualityModel, Selector, feedback_for
@@ -131,18 +131,72 @@ def test_a_model_whose_scores_halve_loses_half_its_traffic_within_2000_requests(
     assert recovered < 0.1  # still off it, explored now and then (2%) to notice if it recovers
 
 
+def _selection(**feedback) -> SelectionConfig:
+    return SelectionConfig(path="q.npz", feedback=SelectionFeedbackConfig(enabled=True, **feedback))
+
+
 def test_feedback_needs_a_token_of_some_length_named_by_the_key(monkeypatch):
     monkeypatch.delenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="selection.feedback.token_env: set SEMANTIC_ROUTER_FEEDBACK_TOKEN"):
-        feedback_for(SelectionFeedbackConfig(enabled=True))
+        feedback_for(_selection())
     monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", "short")
     with pytest.raises(ConfigError):
-        feedback_for(SelectionFeedbackConfig(enabled=True))
-    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", TOKEN.decode())
-    feedback = feedback_for(SelectionFeedbackConfig(enabled=True))
+        feedback_for(_selection())
+    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", TOKEN.decode() + "\n")  # as a mounted secret often ends
+    feedback = feedback_for(_selection())
     assert feedback.authorized(f"Bearer {TOKEN.decode()}") and not feedback.authorized("Bearer nope")
-    assert not feedback.authorized(TOKEN.decode()) and feedback_for(SelectionFeedbackConfig()) is None
+    assert not feedback.authorized(TOKEN.decode()) and feedback_for(SelectionConfig()) is None
 
+
+def test_a_reload_keeps_what_still_applies(monkeypatch):
+    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", TOKEN.decode())
+    first = feedback_for(_selection())
+    sid = first.ids.issue("math", "cheap", 0.8)
+    first.ids.verify(sid)
+    first.book.add("math", "cheap", 0.8, 0.4)
+    same = feedback_for(_selection(), first)
+    assert same.book is first.book and same.ids is first.ids
+    with pytest.raises(BadFeedback) as again:  # scored before the reload: still scored
+        same.ids.verify(sid)
+    assert again.value.kind == "repeated"
+    retuned = feedback_for(_selection(half_life=50), first)  # other corrections: begun afresh
+    assert retuned.book is not first.book and retuned.ids is first.ids
+    monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", "another-token-entirely-0")
+    assert feedback_for(_selection(), first).ids is not first.ids  # another secret: its own ids
+
+
+def test_an_id_that_cannot_be_ours_is_refused_not_raised(monkeypatch):
+    import router.feedback as feedback_module
+
+    ids = SelectionIds(TOKEN, 3600)
+    for odd in ("caf\u00e9.x", "\ud800", "a.b.c", ".", ""):
+        with pytest.raises(BadFeedback) as bad:
+            ids.verify(odd)
+        assert bad.value.kind == "bad_id"
+    body = "bm90.YQ.notanumber.1.AAAA"  # signed, but not as issue() writes: the MAC holds, the parts do not
+    with pytest.raises(BadFeedback) as bad:
+        ids.verify(f"{body}.{ids._mac(body)}")
+    assert bad.value.kind == "bad_id"
+    monkeypatch.setattr(feedback_module, "SEEN", 2)  # a short memory: what it forgot is refused as old
+    old = [ids.issue("r", "m", 0.5) for _ in range(3)]
+    for sid in old:
+        ids.verify(sid)
+    with pytest.raises(BadFeedback) as forgotten:
+        ids.verify(old[0])
+    assert forgotten.value.kind in ("expired", "repeated")
+
+
+def test_corrections_reach_the_models_whole_error():
+    selector = _selector()
+    selector.floor = 0.0  # the cheap model always meets it: every score is its
+    v = np.zeros(1)
+    for _ in range(2000):  # cheap is predicted 0.85 and scores 0.55: an error of 0.30
+        chosen = selector.order(("cheap",) + ("dear",), v, "math")
+        issued = selector.feedback.ids.verify(chosen.selection_id)
+        truth = 0.55 if issued.model == "cheap" else 0.95
+        selector.feedback.book.add(issued.route, issued.model, issued.predicted, truth)
+    correction = selector.feedback.book.correction("math", "cheap")
+    assert -0.30 <= correction < -0.26, correction  # all of it, less the prior's shrinkage (~7%)
 
 
 @pytest.mark.parametrize("selection, key", [
