@@ -22,13 +22,12 @@ from bench.report import emit
 ONE_TREE = r"""
 import asyncio, json, tempfile
 from pathlib import Path
-import bench.frontend.ext_proc_bench as eb
-from bench.harness import closed_loop
+from bench.harness import ExtProcClient, closed_loop, start_router
 from bench.workloads import short_prompts
 
 async def main():
-    proc, port = eb.start_router(Path(tempfile.mkdtemp()), "cpu", None)
-    client = eb.ExtProcClient(port)
+    proc, port = start_router(Path(tempfile.mkdtemp()), "cpu", None)
+    client = ExtProcClient(port)
     await closed_loop(client.route, short_prompts(256, seed=3), 32, 256)  # warm-up
     rps = [(await closed_loop(client.route, short_prompts(1024, seed=10 + t), 64, 1024))["throughput_rps"]
            for t in range(3)]

@@ -64,9 +64,14 @@ def test_no_bench_imports_another_bench():
     found = []
     for path in sorted((ROOT / "bench").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("bench."):
-                if node.module not in BENCH_HELPERS:
-                    found.append(f"{path.relative_to(ROOT)} imports {node.module}")
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):  # `import bench.x as y` too
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)} imports {m}" for m in modules
+                      if m.startswith("bench.") and m not in BENCH_HELPERS]
     assert not found, found
 
 
