@@ -290,3 +290,18 @@ def test_the_failover_example_renders_a_config_envoy_accepts(tmp_path):
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(load_config(ROOT / "examples/failover/router.yaml")))
     envoy_validate(path)
+
+
+def test_the_feedback_path_is_the_routers_to_answer_before_any_passthrough(tmp_path):
+    raw = yaml.safe_load((ROOT / "router.yaml").read_text())
+    raw["selection"] = {"path": str(tmp_path / "q.npz"), "feedback": {"enabled": True, "path": "/scores"}}
+    raw.setdefault("envoy", {})["passthrough_paths"] = ["/"]  # would take every path, scores too
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    routes = render(load_config(tmp_path / "c.yaml"))["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    at = next(i for i, r in enumerate(routes) if r["match"].get("path") == "/scores")
+    passthrough = next(i for i, r in enumerate(routes) if r["match"].get("prefix") == "/" and "route" in r)
+    assert at < passthrough
+    feedback = routes[at]
+    assert "typed_per_filter_config" not in feedback  # ext_proc runs: the router answers it
+    assert feedback["direct_response"]["status"] == 503  # only where the router did not
