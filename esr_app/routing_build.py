@@ -47,7 +47,8 @@ async def build_serving(config: RouterConfig, embedder: Embedder, current: Routi
     static = await on_own_thread(static_tier, config, current.static.encode if current and current.static else None)
     # One cache across reloads on the same encoder: an embedding does not depend on routes.
     engine = RoutingEngine(config, embedder, classifier, current.cache if current is not None else None,
-                           utterances=lookup, static=static, feedback=current.feedback if current is not None else None, learns=True)
+                           utterances=lookup, static=static, learns=True,
+                           feedback=current.feedback if current is not None else None)
     if engine.models.selector is not None and lookup:
         engine.models.selector.quality.require_dimension(next(iter(lookup.values())).shape[-1], config.selection.path)
     return Serving(engine, await FilterChain.for_engine(engine, config.filters, config.filter_settings),

@@ -4,14 +4,14 @@ the router moves its prediction for that route and model towards what was seen.
 
 Per (route, model) the router keeps an exponentially weighted mean of the residual (score seen less
 the quality model's own prediction, which the id carries), shrunk towards zero by the weight of the
-evidence (half at `prior` scores): a model whose answers got
-worse loses its traffic as the evidence accumulates, not on one bad score. A small, counted share of
-requests (`explore`) goes to another capable model so that a model that lost its traffic still earns
-scores, and can win it back.
+evidence (half at `prior` scores): a model whose answers got worse loses its traffic as the evidence
+accumulates, not on one bad score. A small, counted share of requests (`explore`) goes to another
+capable model so that a model that lost its traffic still earns scores, and can win it back.
 
-The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url, the MAC keyed BLAKE2b of the rest
-under the feedback token: any process of a pool can verify an id another issued, and a client cannot
-make one up. Ids older than `max_age_s`, and ids already scored, are refused.
+The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url,
+the MAC keyed BLAKE2b of the rest under the feedback token: any process of a pool can verify an id
+another issued, and a client cannot make one up. Ids older than `max_age_s`, and ids already scored,
+are refused.
 """
 
 from __future__ import annotations
@@ -120,17 +120,14 @@ class FeedbackBook:
         return mean * weight / (weight + self._prior)
 
     def corrections(self, route: str, models: tuple[str, ...]) -> list[float] | None:
-        """Each model's correction on `route`; None where none has had a score (nothing to add)."""
+        """Each model's correction on `route` (as `correction`, in one pass: every selected request
+        asks); None where none has had a score (nothing to add)."""
         state, prior, out, seen = self._state, self._prior, [], False
         for m in models:
             weight, mean = state.get((route, m), (0.0, 0.0))
             seen = seen or weight > 0
-            out.append(mean * weight / (weight + prior) if weight else 0.0)
+            out.append(mean * weight / (weight + prior))
         return out if seen else None
-
-    def snapshot(self) -> dict[tuple[str, str], tuple[float, float]]:
-        """(route, model) -> (correction, effective number of scores), for the metrics."""
-        return {k: (self.correction(*k), w) for k, (w, _) in self._state.items()}
 
 
 def parse_feedback(body: object) -> tuple[str, float]:

@@ -150,25 +150,22 @@ class Selector:
         known, unknown, weights, bias, margins, prices = part
         if len(known) < 2 or vector.shape[-1] != weights.shape[1]:
             return None
-        predicted = weights @ vector + bias
+        raw = predicted = weights @ vector + bias
         feedback = self.feedback
-        floor = self._floors.get(route, self.floor)
-        if feedback is None:
-            rank = self._rank(predicted, margins, prices, floor)
-            return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[rank[0]]), float(prices[rank[0]]))
-        raw = predicted
-        corrections = feedback.book.corrections(route, known)
+        corrections = feedback.book.corrections(route, known) if feedback is not None else None
         if corrections is not None:
             predicted = predicted + np.asarray(corrections, dtype=predicted.dtype)
-        rank = self._rank(predicted, margins, prices, floor)
-        explored = feedback.explore > 0 and feedback.draw() < feedback.explore
-        if explored:  # another capable model first, drawn evenly; the rest keep their order
+        rank = self._rank(predicted, margins, prices, self._floors.get(route, self.floor))
+        explored = False
+        if feedback is not None and feedback.explore > 0 and feedback.draw() < feedback.explore:
+            explored = True  # another capable model first, drawn evenly; the rest keep their order
             rank.insert(0, rank.pop(1 + int(feedback.draw() * (len(rank) - 1)) % (len(rank) - 1)))
         first = rank[0]
         # The id carries the quality model's own prediction: a score's residual is measured against
         # it, so the correction converges on the model's whole error (not on what is left of it).
+        selection_id = feedback.ids.issue(route, known[first], float(raw[first])) if feedback is not None else None
         return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]),
-                        explored, feedback.ids.issue(route, known[first], float(raw[first])))
+                        explored, selection_id)
 
     def _part(self, models: tuple[str, ...], quality: QualityModel) -> tuple:
         """What order() reads for one tuple of candidates (a route's capable models: a config's few)."""
@@ -228,7 +225,8 @@ def feedback_for(config, previous: Feedback | None = None) -> Feedback | None:
                           "characters (evaluators send it; it signs selection ids)")
     source = (config.path, settings.half_life, settings.prior)
     ids = SelectionIds(token, settings.max_age_s)
-    if previous is not None and hmac.compare_digest(previous.token, token) and previous.ids.max_age_s == settings.max_age_s:
+    if previous is not None and hmac.compare_digest(previous.token, token) \
+            and previous.ids.max_age_s == settings.max_age_s:
         ids = previous.ids
     book = previous.book if previous is not None and previous.source == source else \
         FeedbackBook(settings.half_life, settings.prior)

@@ -56,7 +56,6 @@ def build() -> int:
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     for route in config["routes"]:
         route["models"] = [route.pop("model"), "general-model"]  # each topic's own model, or the cheap one
-    config["selection"] = {"quality_floor": 0.8}
     (OUT / "router.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     fitted = OUT / "fitted.yaml"
     done = subprocess.call([sys.executable, "-m", "esr_app", "select-fit", "--config", str(OUT / "router.yaml"),
