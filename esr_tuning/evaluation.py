@@ -55,9 +55,8 @@ def decide_labelled(config: RouterConfig, classifier: RouteClassifier, texts: Se
     (esr_tuning/decide.py: RoutingEngine.decide), `embeddings` being those of routed_texts_of;
     `static`: the cascade's first tier (None: off)."""
     routed = routed_texts_of(config, texts)
-    vectors = dict(zip(routed, embeddings))
-    return decide_requests(config, classifier, [([r], one_message_facts(t)) for r, t in zip(routed, texts)],
-                           vectors, static)
+    return decide_requests(config, classifier, _one_message_requests(routed, texts), dict(zip(routed, embeddings)),
+                           static)
 
 
 def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, texts: Sequence[str],
@@ -65,9 +64,13 @@ def decide_without_encoder(config: RouterConfig, classifier: RouteClassifier, te
     """Each text's decision, as decide_labelled's, were the encoder unable to answer (overloaded, its
     model process away): the rules, then the static tier where it stands, else the server's own
     fallback (RoutingEngine.fallback: the static tier's guess, or the default route)."""
-    routed = routed_texts_of(config, texts)
-    return decide_requests(config, classifier, [([r], one_message_facts(t)) for r, t in zip(routed, texts)], {},
+    return decide_requests(config, classifier, _one_message_requests(routed_texts_of(config, texts), texts), {},
                            static)
+
+
+def _one_message_requests(routed: Sequence[str], texts: Sequence[str]) -> list[tuple[list[str], RequestFacts]]:
+    """Each text as a request of that one user message: its routed text, and what it asks of a model."""
+    return [([r], one_message_facts(t)) for r, t in zip(routed, texts)]
 
 
 # The default-route share the `shifted` figure (and fit's default objective) assumes: labelled sets hold a

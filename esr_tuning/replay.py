@@ -163,11 +163,11 @@ def format_report(out: dict) -> str:
         change = "" if out["cost_change"] is None else f" ({100 * out['cost_change']:+.2f}%)"
         lines.append(f"prompt cost: {out['cost_before']:.6f} -> {out['cost_after']:.6f}{change}")
     if "selected_spend_before" in out:
-        def shown(value, digits):
-            return "none" if value is None else f"{value:.{digits}f}"
+        def shown(value):
+            return "none" if value is None else f"{value:.4f}"
         lines.append(f"selection: {out['selected_before']} -> {out['selected_after']} requests chosen for, spend "
-                     f"{shown(out['selected_spend_before'], 4)} -> {shown(out['selected_spend_after'], 4)}, mean predicted "
-                     f"score {shown(out['selected_quality_before'], 4)} -> {shown(out['selected_quality_after'], 4)}")
+                     f"{shown(out['selected_spend_before'])} -> {shown(out['selected_spend_after'])}, mean predicted "
+                     f"score {shown(out['selected_quality_before'])} -> {shown(out['selected_quality_after'])}")
     if out["mean_confidence_before"] is not None:
         lines.append(f"mean confidence: {out['mean_confidence_before']:.4f} -> {out['mean_confidence_after']:.4f}")
     return "\n".join(lines)
