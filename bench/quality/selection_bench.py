@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 
 import numpy as np
@@ -37,7 +38,8 @@ def drift(quality, vectors: np.ndarray, scores: np.ndarray, prices: np.ndarray, 
           at: int = 3000, after: int = 4000, window: int = 500) -> dict:
     """Feedback against a model that got worse: prompts stream through the serving Selector with
     feedback on (its defaults), every answer scored as the matrix says; from request `at` on, the
-    model served most so far scores half. How many requests until its share of a `window` has halved."""
+    model served most so far scores half. How many requests until its share of a `window` has halved;
+    and Selector.order's time a request with feedback and without it (interleaved, the median)."""
     from router.config import SelectionFeedbackConfig
     from router.feedback import FeedbackBook, SelectionIds
     from router.selection import Feedback, Selector
@@ -46,15 +48,20 @@ def drift(quality, vectors: np.ndarray, scores: np.ndarray, prices: np.ndarray, 
     rng = np.random.default_rng(seed)
     token = b"bench-token-bench-token"
     feedback = Feedback(FeedbackBook(defaults.half_life, defaults.prior), SelectionIds(token, 3600), defaults.explore,
-                        defaults.path, token, draw=rng.random)
+                        defaults.path, token, draw=random.Random(seed).random)  # the draw serving makes
     models = quality.models
-    selector = Selector(quality, "cheapest_meeting_floor", dict(zip(models, prices.tolist())), floor, None, 0.0, feedback)
+    by_price = dict(zip(models, prices.tolist()))
+    selector = Selector(quality, "cheapest_meeting_floor", by_price, floor, None, 0.0, feedback)
+    plain = Selector(quality, "cheapest_meeting_floor", by_price, floor, None, 0.0)
     order = rng.integers(0, len(vectors), at + after)
     chosen = np.empty(at + after, dtype=np.int64)
-    worse, explored, spent = -1, 0, []
+    worse, explored, spent, spent_plain = -1, 0, [], []
     for n, i in enumerate(order):
         if n == at:
             worse = int(np.bincount(chosen[:at], minlength=len(models)).argmax())
+        started = time.perf_counter()
+        plain.order(models, vectors[i], "route")
+        spent_plain.append(time.perf_counter() - started)
         started = time.perf_counter()
         picked = selector.order(models, vectors[i], "route")
         spent.append(time.perf_counter() - started)
@@ -68,7 +75,8 @@ def drift(quality, vectors: np.ndarray, scores: np.ndarray, prices: np.ndarray, 
     halved = next((window + 50 * j for j, v in enumerate(share) if v <= before / 2), None)
     return {"worse": models[worse], "share_before": round(before, 3), "share_last_window": round(share[-1], 3),
             "requests_to_halve": halved, "window": window, "explored": round(explored / len(order), 4),
-            "order_ms": round(float(np.median(spent)) * 1000, 4)}
+            "order_ms": round(float(np.median(spent)) * 1000, 4),
+            "order_ms_plain": round(float(np.median(spent_plain)) * 1000, 4)}
 
 
 def main() -> None:
@@ -95,9 +103,12 @@ def main() -> None:
     else:
         def load(name):
             return [json.loads(line) for line in open(SHARED / "clinc150" / f"{name}.jsonl")]
-        every_train = load("train")
+        # Each text once (the matrix holds a prompt once: a text in both sets, or twice, would shift
+        # the split), the held-out ones never among the trained.
+        test_rows = list({r["text"]: r for r in load("val")}.values())
+        held_out = {r["text"] for r in test_rows}
+        every_train = [r for r in {r["text"]: r for r in load("train")}.values() if r["text"] not in held_out]
         train_rows = [every_train[i] for i in rng.permutation(len(every_train))[: args.train]]
-        test_rows = load("val")
         rows = train_rows + test_rows
         every = matrix(synthetic([r["text"] for r in rows], [r["label"] for r in rows], [r["intent"] for r in rows],
                        seed=args.seed))
@@ -131,7 +142,7 @@ def main() -> None:
     moved = drift(quality, x_test, test.scores, test.costs, args.floor, args.seed)
     print(f"feedback: {moved['worse']} scored half from request 3000 on: its share {moved['share_before']} -> "
           f"{moved['share_last_window']}, halved within {moved['requests_to_halve']} requests (windows of "
-          f"{moved['window']}); explored {moved['explored']:.2%}; Selector.order with feedback {moved['order_ms']} ms")
+          f"{moved['window']}); explored {moved['explored']:.2%}; Selector.order {moved['order_ms_plain']} ms, with feedback {moved['order_ms']} ms")
     emit({"bench": "selection", "train": len(train.prompts), "test": len(test.prompts), "models": train.models,
           "rows": results, "feedback_drift": moved}, args.out, COLUMNS)
 
