@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from devstack.stack import stack_with
-from tests.support.stack import GUARDED, SESSION_DEADLINE_MS, cache_stores
+from tests.support.stack import GUARDED, SESSION_DEADLINE_MS, cache_stores, scrape
 from tests.support.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -159,8 +159,10 @@ def test_ordinary_requests_route_beside_a_dozen_costly_bodies(fortified_as_shipp
     ordinary = [post(fortified, chat(user(f"solve the equation 3x + 4 = 19 ({i})"))) for i in range(20)]
     for t in threads:
         t.join(timeout=120)
-    assert [r.headers.get("x-semantic-route-reason") for r in ordinary] == ["matched"] * 20, \
-        [(r.status_code, r.text[:80]) for r in ordinary if r.headers.get("x-semantic-route-reason") != "matched"]
+    assert [r.headers.get("x-semantic-route-reason") for r in ordinary] == ["matched"] * 20, (
+        [(r.status_code, r.text[:80]) for r in ordinary if r.headers.get("x-semantic-route-reason") != "matched"],
+        [line for line in scrape(fortified.metrics_url).splitlines()
+         if line.startswith(("semantic_router_prompt_guard_undecided_total", "semantic_router_requests_total", "semantic_router_shed"))])
     assert len(outcomes) == 12
     # Each costly body got the router's own answer: routed, or refused by the guard (block), never
     # Envoy's fail-open (no route header and no error code of the router's).
