@@ -45,8 +45,9 @@ class Embedder(Protocol):
     """What callers embed through: the batcher in this process, or a client of the batcher in a
     model process (esr_modelsock.client). Both raise BatcherError subclasses, never wait past `deadline`."""
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
-        """The embedding of `text`; `deadline` is time.monotonic() seconds."""
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
+        """The embedding of `text`; `deadline` is time.monotonic() seconds; `bulk`: one of many
+        texts its request sent together, which gives way to requests' own texts (WorkItem.bulk)."""
         ...
 
     async def started(self) -> None:

@@ -55,7 +55,8 @@ class ContinuousBatcher:
         self.lanes = lanes
         self.settings = settings
         self.observer = observer or NullObserver()
-        self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.sort_window)
+        self._queue = BatchQueue(settings.max_queue_requests, settings.max_queue_tokens, settings.sort_window,
+                                 bulk_slice_s=settings.bulk_slice_ms / 1000.0)
         self._inbox: stdqueue.SimpleQueue[list[WorkItem] | None] = stdqueue.SimpleQueue()
         self._arrivals: list[WorkItem] = []  # this loop iteration's submissions, handed over together
         self._threads: list[threading.Thread] = []
@@ -114,10 +115,11 @@ class ContinuousBatcher:
         """(requests, tokens) waiting."""
         return self._queue.depth
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
-        """The embedding of `text`, or BatcherError; never waits past `deadline` (monotonic)."""
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
+        """The embedding of `text`, or BatcherError; never waits past `deadline` (monotonic).
+        `bulk`: one of many texts its request sent together (WorkItem.bulk)."""
         fut = self._loop.create_future()
-        item = self.submit(text, deadline, fut)
+        item = self.submit(text, deadline, fut, bulk)
         if self.batch_hook is not None:
             item.origin = contextvars.copy_context()
         try:
@@ -130,22 +132,24 @@ class ContinuousBatcher:
             item.cancelled = True
             raise
 
-    def submit(self, text: str, deadline: float, reply: Reply) -> WorkItem:
+    def submit(self, text: str, deadline: float, reply: Reply, bulk: bool = False) -> WorkItem:
         """Queues `text` without a task, timer or future of its own: `reply` is settled on the event
         loop, once, when its batch has run (or with DeadlineExceeded when a batch is cut after its
         deadline). Raises BatcherError at once when refused. A caller that stops waiting sets the
         returned item's `cancelled`. For callers that keep their own deadline (the model socket's
         front ends do); call on the event loop."""
-        (outcome,) = self.submit_many(((text, deadline, reply),))
+        (outcome,) = self.submit_many(((text, deadline, reply),), bulk)
         if isinstance(outcome, BatcherError):
             raise outcome
         return outcome
 
-    def submit_many(self, requests: Sequence[tuple[str, float, Reply]]) -> list[WorkItem | BatcherError]:
+    def submit_many(self, requests: Sequence[tuple[str, float, Reply]], bulk: bool = False
+                    ) -> list[WorkItem | BatcherError]:
         """submit() for requests that arrived together (a front end's frames of one read), each
         (text, deadline, reply): queued (its WorkItem) or refused (the error submit would raise).
         One admission for the lot: the wait predicted for the last of them is judged against each
-        one's deadline, so a request is never admitted that submit would refuse."""
+        one's deadline, so a request is never admitted that submit would refuse. A request's own
+        text is judged by the own texts queued only: bulk ones give way to it (BatchQueue)."""
         if self._closing:
             return [BatcherClosed("batcher is shutting down")] * len(requests)
         out: list[WorkItem | BatcherError] = []
@@ -164,14 +168,14 @@ class ContinuousBatcher:
             return out
         # Whether the first of these finds the batcher with nothing queued (the idle escape, below).
         alone = self._queue.depth[0] == 0 and not self._arrivals
-        granted = self._queue.reserve(len(valid))
+        granted = self._queue.reserve(len(valid), bulk)
         if granted < len(valid):
             self.observer.on_dropped("overload", len(valid) - granted)
             for n in valid[granted:]:
                 out[n] = Overloaded(f"queue holds {self._queue.max_requests} requests")
             valid = valid[:granted]
         now = time.monotonic()
-        wait = self.predicted_wait() if valid else 0.0
+        wait = self.predicted_wait(bulk) if valid else 0.0
         late = 0
         for k, n in enumerate(valid):
             text, deadline, reply = requests[n]
@@ -179,12 +183,12 @@ class ContinuousBatcher:
                 late += 1
                 out[n] = WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
                 continue
-            item = out[n] = self._queue.new_item(text, deadline, reply)
+            item = out[n] = self._queue.new_item(text, deadline, reply, bulk)
             if not self._arrivals:
                 self._loop.call_soon(self._hand_over)
             self._arrivals.append(item)
         if late:
-            self._queue.release(late)
+            self._queue.release(late, late if bulk else 0)
             self.observer.on_dropped("overload", late)
         return out
 
@@ -197,11 +201,16 @@ class ContinuousBatcher:
         model's queue idle between them) it only timed out."""
         return slack > self.margin and self._queue.idle_for() >= wait
 
-    def predicted_wait(self) -> float:
+    def predicted_wait(self, bulk: bool = False) -> float:
         """Seconds until a request admitted now would have its embedding: until a lane may cut a
-        batch, then every batch needed for what is queued (this request included), lanes at a time."""
-        reserved, tokens = self._queue.depth
-        return self._load.predicted_wait(reserved, self._queue.queued, tokens, self.margin)
+        batch, then every batch needed for what is queued before it (this request included), lanes
+        at a time. Before a request's own text only the own texts queue (bulk ones give way)."""
+        if bulk:
+            reserved, tokens = self._queue.depth
+            queued = self._queue.queued
+        else:
+            reserved, queued, tokens = self._queue.own_depth
+        return self._load.predicted_wait(reserved, queued, tokens, self.margin)
 
     def _hand_over(self) -> None:
         # One hand-off per loop iteration, not per request: clients that resume together
@@ -254,7 +263,7 @@ class ContinuousBatcher:
     def _admit(self, items: list[WorkItem]) -> None:
         live = [i for i in items if not i.cancelled]
         if len(live) < len(items):
-            self._queue.release(len(items) - len(live))
+            self._queue.release(len(items) - len(live), sum(i.bulk for i in items if i.cancelled))
             self.observer.on_dropped("cancelled", len(items) - len(live))
         if not live:
             return
@@ -284,7 +293,7 @@ class ContinuousBatcher:
             errors.append(Overloaded(f"queue holds {self._queue.max_tokens} tokens"))
             self.observer.on_dropped("overload", 1)
         if failed:
-            self._queue.release(len(failed))
+            self._queue.release(len(failed), sum(i.bulk for i in failed))
             self._settle_from_thread(failed, errors)
         self.observer.on_queue_depth(*self._queue.depth)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -10,6 +11,10 @@ import contextvars
 from typing import Any, Callable, Protocol, Sized
 
 from batching.cost_model import BatchCostModel
+
+# The most padded tokens bulk items add to a batch before the cost model has data (a few of the
+# prompt guard's pieces; the slice once it has).
+BULK_COLD_TOKENS = 256
 
 
 class Reply(Protocol):
@@ -38,6 +43,9 @@ class WorkItem:
     # The submitting task's context, kept only for a batch hook (a tracer finds the request's span
     # in it); opaque to the batcher.
     origin: contextvars.Context | None = None
+    # One of many texts one request sent together (the prompt guard's pieces): it never goes before
+    # a request's own prompt, and adds at most the queue's bulk slice to any batch (BatchQueue).
+    bulk: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -95,46 +103,67 @@ def choose_batch(window: list[WorkItem], max_size: int, max_tokens: int, max_pad
 
 
 class BatchQueue:
-    """FIFO of admitted requests, bounded in requests and tokens.
+    """Two FIFOs of admitted requests, bounded together in requests and tokens: texts that are a
+    request's own (its prompt) and bulk ones (many from one request: the prompt guard's pieces).
 
     Admission is two-step because token counts are only known after tokenization: `reserve()`
     takes a request slot at submission (on the event loop, never blocking), `put()` adds the
     tokenized item and enforces the token bound.
+
+    A batch is cut from the own texts first; bulk ones fill it only while they add at most
+    `bulk_slice_s` of predicted time (BULK_COLD_TOKENS padded tokens before the cost model has
+    data), and a batch of bulk texts alone is no longer: a request's prompt waits behind another
+    request's pieces for about one slice, and is never refused for their sake (admission counts
+    only the own texts queued: `own_depth`). One request's hundred guard pieces once held the
+    model for seconds, and the prompts behind them were refused (fallback_overload).
     """
 
-    def __init__(self, max_requests: int, max_tokens: int, window: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_requests: int, max_tokens: int, window: int, clock: Callable[[], float] = time.monotonic,
+                 bulk_slice_s: float = 0.02):
         self.max_requests = max_requests
         self.max_tokens = max_tokens
         self.window = window
+        self.bulk_slice_s = bulk_slice_s
         self._clock = clock
         self._items: deque[WorkItem] = deque()
+        self._bulk: deque[WorkItem] = deque()
         self._reserved = 0
         self._tokens = 0
+        self._reserved_bulk = 0
+        self._tokens_bulk = 0
         self._closed = False
         self._running = 0  # batches cut and not yet done (several where the batcher has lanes)
         self._idle_since = clock()  # when the last running batch was done
         self._cond = threading.Condition()
 
-    def new_item(self, text: str, deadline: float, future: Reply) -> WorkItem:
+    def new_item(self, text: str, deadline: float, future: Reply, bulk: bool = False) -> WorkItem:
         """A request submitted now, stamped with this queue's clock (what top-up waits are timed on)."""
-        return WorkItem(text=text, deadline=deadline, future=future, enqueued_at=self._clock())
+        return WorkItem(text=text, deadline=deadline, future=future, enqueued_at=self._clock(), bulk=bulk)
 
     @property
     def depth(self) -> tuple[int, int]:
         return self._reserved, self._tokens
 
-    def reserve(self, n: int = 1) -> int:
+    @property
+    def own_depth(self) -> tuple[int, int, int]:
+        """(reserved, tokenized, tokens) of the own texts: what a request's prompt waits for."""
+        return self._reserved - self._reserved_bulk, len(self._items), self._tokens - self._tokens_bulk
+
+    def reserve(self, n: int = 1, bulk: bool = False) -> int:
         """Takes up to `n` request slots; how many it took (0 when closed or full)."""
         with self._cond:
             if self._closed:
                 return 0
             granted = max(0, min(n, self.max_requests - self._reserved))
             self._reserved += granted
+            self._reserved_bulk += granted if bulk else 0
             return granted
 
-    def release(self, n: int = 1) -> None:
+    def release(self, n: int = 1, bulk: int = 0) -> None:
+        """Gives back `n` slots, `bulk` of them bulk ones."""
         with self._cond:
             self._reserved -= n
+            self._reserved_bulk -= bulk
             self._cond.notify_all()
 
     def put_many(self, items: list[WorkItem]) -> list[WorkItem]:
@@ -146,8 +175,9 @@ class BatchQueue:
                 if self._tokens + item.n_tokens > self.max_tokens:
                     refused.append(item)
                     continue
-                self._items.append(item)
+                (self._bulk if item.bulk else self._items).append(item)
                 self._tokens += item.n_tokens
+                self._tokens_bulk += item.n_tokens if item.bulk else 0
             self._cond.notify_all()
         return refused
 
@@ -159,7 +189,7 @@ class BatchQueue:
     @property
     def queued(self) -> int:
         """Tokenized items waiting (reserved slots also count those not yet tokenized)."""
-        return len(self._items)
+        return len(self._items) + len(self._bulk)
 
     def next_batch(
         self, max_size: int, max_tokens: int, max_padding: float = 1.0, max_wait: float = 0.0,
@@ -175,13 +205,15 @@ class BatchQueue:
         after its deadline, and the batch is cut no larger than its oldest item's deadline allows.
         """
         with self._cond:
-            while not self._items or (self._running and len(self._items) < max_size and not self._closed):
+            while not self.queued or (self._running and self.queued < max_size and not self._closed):
                 if self._closed and self._reserved == 0:
                     return None
                 self._cond.wait(0.1)
-            if max_wait > 0:
+            if max_wait > 0 and self._items:
                 self._top_up(max_size, max_wait)
+            # Own texts first, oldest first; then bulk ones, oldest first.
             window = [self._items.popleft() for _ in range(min(self.window, len(self._items)))]
+            window += [self._bulk.popleft() for _ in range(min(self.window, len(self._bulk)))]
             now = self._clock()
             expired = [i for i in window if not i.cancelled and not i.deadline > now]  # NaN too: never lost
             cancelled = [i for i in window if i.cancelled]
@@ -207,25 +239,60 @@ class BatchQueue:
                 live = keep
             chosen: list[WorkItem] = []
             predicted = 0.0
+            own = [i for i in live if not i.bulk]
+            bulk = [i for i in live if i.bulk]
             if live:
+                first = (own or bulk)[0]
                 budget = max_tokens
                 if judge is not None:  # the oldest item must still meet its deadline
-                    within = judge.max_tokens_within(live[0].deadline - now - margin)
-                    budget = int(min(max_tokens, max(live[0].n_tokens, within)))
-                picked = set(choose_batch(live, max_size, budget, max_padding))
-                chosen = [live[i] for i in sorted(picked)]
+                    within = judge.max_tokens_within(first.deadline - now - margin)
+                    budget = int(min(max_tokens, max(first.n_tokens, within)))
+                if own:
+                    chosen = [own[i] for i in sorted(choose_batch(own, max_size, budget, max_padding))]
+                # Bulk items never make the request's own texts late.
+                within = min((i.deadline for i in chosen), default=math.inf) - now - margin
+                chosen += self._bulk_share(chosen, bulk, max_size, budget, judge, within)
+                picked = {id(i) for i in chosen}
                 if judge is not None:
                     predicted = judge.predict(max(i.n_tokens for i in chosen) * len(chosen))
                     finish = now + predicted + margin
                     late += [i for i in chosen if i.deadline < finish and i is not probe]
                     chosen = [i for i in chosen if i.deadline >= finish or i is probe]
-                self._items.extendleft(reversed([w for i, w in enumerate(live) if i not in picked]))
+                self._items.extendleft(reversed([w for w in own if id(w) not in picked]))
+                self._bulk.extendleft(reversed([w for w in bulk if id(w) not in picked]))
             gone = chosen + expired + cancelled + late
             self._tokens -= sum(i.n_tokens for i in gone)
             self._reserved -= len(gone)
+            self._tokens_bulk -= sum(i.n_tokens for i in gone if i.bulk)
+            self._reserved_bulk -= sum(i.bulk for i in gone)
             self._running += bool(chosen)
             self._cond.notify_all()
             return Batch(chosen, expired, cancelled, late, predicted)
+
+    def _bulk_share(self, chosen: list[WorkItem], bulk: list[WorkItem], max_size: int, budget: int,
+                    judge: BatchCostModel | None, within_s: float) -> list[WorkItem]:
+        """The bulk items (oldest first) that join `chosen`: while the batch stays within `max_size`
+        and `budget`, is predicted to end within `within_s`, and they add at most the slice of
+        predicted time (at least one where nothing else is chosen, so bulk work always moves)."""
+        added: list[WorkItem] = []
+        longest = max((i.n_tokens for i in chosen), default=0)
+        base = longest * len(chosen)
+        before = judge.predict(base) if judge is not None and chosen else 0.0
+        for item in bulk:
+            n = len(chosen) + len(added) + 1
+            padded = max(longest, item.n_tokens) * n
+            if n > max_size or padded > budget:
+                break
+            if judge is not None:
+                took = judge.predict(padded)
+                over = took - before > self.bulk_slice_s or (chosen and took > within_s)
+            else:
+                over = padded - base > BULK_COLD_TOKENS
+            if over and (added or chosen):
+                break
+            added.append(item)
+            longest = max(longest, item.n_tokens)
+        return added
 
     def idle_for(self) -> float:
         """Seconds since the last batch was done, with nothing running; 0 while one runs."""
@@ -243,7 +310,7 @@ class BatchQueue:
     def _top_up(self, max_size: int, max_wait: float) -> None:
         # Optional latency-for-throughput trade: give a tiny batch a moment to grow.
         give_up_at = self._items[0].enqueued_at + max_wait
-        while len(self._items) < max_size and not self._closed:
+        while self.queued < max_size and not self._closed:
             remaining = give_up_at - self._clock()
             if remaining <= 0:
                 break

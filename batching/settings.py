@@ -33,6 +33,10 @@ class BatcherSettings:
     # Time an embedding needs after its batch to reach the caller, on top of the measured delay
     # of the event loop in running the settling callback; deadline checks keep both in hand.
     answer_margin_ms: float = 5.0
+    # The most predicted time bulk texts (many from one request: the prompt guard's pieces) add to a
+    # batch, and the length of a batch of them alone: about the longest a request's own prompt waits
+    # behind another request's pieces (batching/queue.py).
+    bulk_slice_ms: float = 20.0
 
     def __post_init__(self):
         if self.max_batch_size != "auto" and not (isinstance(self.max_batch_size, int) and self.max_batch_size >= 1):
@@ -41,7 +45,7 @@ class BatcherSettings:
                      "max_text_chars"):
             if getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
-        for name in ("max_wait_ms", "answer_margin_ms"):
+        for name in ("max_wait_ms", "answer_margin_ms", "bulk_slice_ms"):
             if getattr(self, name) < 0:
                 raise SettingError(name, "must not be negative")
         if self.max_padding != "auto" and not (isinstance(self.max_padding, (int, float))

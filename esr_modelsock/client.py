@@ -125,7 +125,7 @@ class ModelClient:
                 log.warning("model process connection lost; falling back until it is back", extra={"socket": self.path})
                 self.on_state(False)
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
         if self._closing:
             raise BatcherClosed("shutting down")
         out = self._out
@@ -142,7 +142,7 @@ class ModelClient:
         request_id = next(self._ids) & 0xFFFFFFFF
         fut = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
-        out.write(wire.embed_frame(request_id, budget, raw))
+        out.write(wire.embed_frame(request_id, budget, raw, bulk))
         try:
             async with asyncio.timeout_at(deadline):
                 with self.call_span("semantic_router.model_socket") if self.call_span else contextlib.nullcontext():

@@ -90,25 +90,29 @@ class _Connection(wire.FramedProtocol):
     def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
         arrived: list[tuple[str, float, _Reply]] = []  # admitted together: one queue decision for a read
+        bulk: list[tuple[str, float, _Reply]] = []  # and the bulk texts of the read, in another
         for kind, payload in frames:
-            if kind == wire.EMBED:
+            if kind in (wire.EMBED, wire.EMBED_BULK):
                 request_id, budget, raw = wire.split_embed(payload)
                 refused = self._refusal(request_id, budget, raw)
                 if refused is not None:
                     self._out.write(wire.error_frame(request_id, refused))
                     continue
                 reply = self.replies[request_id] = _Reply(self, request_id)
-                arrived.append((raw.decode("utf-8", "surrogatepass"), now + budget, reply))
+                (bulk if kind == wire.EMBED_BULK else arrived).append(
+                    (raw.decode("utf-8", "surrogatepass"), now + budget, reply))
             elif kind == wire.CANCEL:
                 self._submit(arrived)  # a CANCEL may name a request of this same read
-                arrived = []
+                self._submit(bulk, True)
+                arrived, bulk = [], []
                 self._drop(self.replies.pop(wire.request_id_of(payload), None))
         self._submit(arrived)
+        self._submit(bulk, True)
 
-    def _submit(self, arrived: list[tuple[str, float, _Reply]]) -> None:
+    def _submit(self, arrived: list[tuple[str, float, _Reply]], bulk: bool = False) -> None:
         if not arrived:
             return
-        for (_, _, reply), outcome in zip(arrived, self._batcher.submit_many(arrived)):
+        for (_, _, reply), outcome in zip(arrived, self._batcher.submit_many(arrived, bulk)):
             if isinstance(outcome, WorkItem):
                 reply.item = outcome
             else:

@@ -23,7 +23,7 @@ from batching import (BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavai
 
 log = logging.getLogger(__name__)
 
-EMBED, CANCEL, HELLO, VECTOR, ERROR = 1, 2, 3, 4, 5
+EMBED, CANCEL, HELLO, VECTOR, ERROR, EMBED_BULK = 1, 2, 3, 4, 5, 6  # EMBED_BULK: EMBED of a bulk text (WorkItem.bulk)
 
 _HEAD = struct.Struct("<IB")  # length, kind
 _ID = struct.Struct("<I")
@@ -50,8 +50,8 @@ class ProtocolError(Exception):
     """The peer sent something that is not a frame of this protocol."""
 
 
-def embed_frame(request_id: int, budget_s: float, text: bytes) -> bytes:
-    return _EMBED.pack(9 + len(text), EMBED, request_id, budget_s) + text
+def embed_frame(request_id: int, budget_s: float, text: bytes, bulk: bool = False) -> bytes:
+    return _EMBED.pack(9 + len(text), EMBED_BULK if bulk else EMBED, request_id, budget_s) + text
 
 
 def cancel_frame(request_id: int) -> bytes:

@@ -24,7 +24,7 @@ class KnownVectors:
     def __init__(self, vectors: Mapping[str, np.ndarray]):
         self._vectors = vectors
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
         vector = self._vectors.get(text)
         if vector is None:
             raise ModelUnavailable("no vector computed for this text")

@@ -85,11 +85,12 @@ class RequestContext:
         computed: list = []
         # A wave at a time: a request with thousands of pieces holds at most EMBED_WAVE of the
         # batcher's queue slots, so others' requests join the batches between its waves instead of
-        # finding the queue full (tests/router/test_filter_embeddings.py).
+        # finding the queue full (tests/router/test_filter_embeddings.py). As bulk texts: every
+        # request's own prompt is batched and admitted before them (batching/queue.py).
         for start in range(0, len(missing), EMBED_WAVE):
             wave = missing[start:start + EMBED_WAVE]
             computed += await asyncio.gather(
-                *(self.embedding() if texts[i] == self.prompt else self.engine.embed(texts[i], self.deadline)
+                *(self.embedding() if texts[i] == self.prompt else self.engine.embed(texts[i], self.deadline, True)
                   for i in wave),
                 return_exceptions=True)
             if any(isinstance(v, BaseException) for v in computed[-len(wave):]):

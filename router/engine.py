@@ -108,11 +108,12 @@ class RoutingEngine:
         decided = self.rules.decide(text, facts)
         return None if decided is None else self.models.choose(decided, facts)
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
         """Through the cache. Raises RoutingUnavailable, whatever went wrong (a model failure must
-        never reach the request path as anything else)."""
+        never reach the request path as anything else). `bulk`: one of a filter's many texts
+        (batching's WorkItem.bulk)."""
         try:
-            return await self.cache.get(text, lambda: self.batcher.embed(text, deadline))
+            return await self.cache.get(text, lambda: self.batcher.embed(text, deadline, bulk))
         except Exception as exc:
             raise RoutingUnavailable(_fallback_reason(exc)) from exc
 

@@ -646,3 +646,85 @@ def test_an_idle_batcher_admits_the_first_of_a_read_past_an_old_prediction_and_r
         await b.aclose()
 
     asyncio.run(main())
+
+
+async def queue_bulk(b: ContinuousBatcher, backend: FakeBackend, texts: list[str], deadline=None) -> list[asyncio.Task]:
+    """Submit `texts` as one request's bulk texts (the prompt guard's pieces) while the model is held."""
+    already = len(backend.tokenized)
+    tasks = [asyncio.create_task(b.embed(t, deadline or far(), bulk=True)) for t in texts]
+    await wait_until(lambda: len(backend.tokenized) == already + len(texts))
+    return tasks
+
+
+def fixed_costs(b: ContinuousBatcher, seconds_per_token: float) -> None:
+    """The cost model predicts `seconds_per_token` a padded token and learns nothing more (the fake
+    model's batches take no time: they would teach it that batches are free)."""
+    for tokens in (4, 8, 16, 32):
+        b.cost.observe(tokens, seconds_per_token * tokens)
+    b.cost.observe = lambda tokens, seconds: None  # type: ignore[method-assign]
+
+
+def test_a_prompt_queued_after_another_requests_pieces_goes_first_and_pieces_fill_only_a_slice():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, _ = await start_batcher(backend, bulk_slice_ms=20)
+        fixed_costs(b, 0.001)  # 1 ms a padded token
+        first = await hold_first(b, backend)
+        pieces = await queue_bulk(b, backend, [f"piece {i} w w w w w w w w" for i in range(30)])  # 10 tokens each
+        prompt = await queue_behind(b, backend, ["my own prompt"])
+        backend.gate.set()
+        await asyncio.gather(first, *pieces, *prompt)
+        second = backend.batches[1]
+        assert second[0] == "my own prompt"
+        # 5 tokens alone (5 ms); pieces (12 tokens) join while they add at most 20 ms: one
+        # (2 x 12 = 24 ms); a second would add 31.
+        assert len(second) == 2
+        # Pieces alone: batches of at most 20 ms (one piece; two are 24 ms), every piece computed once.
+        assert all(len(batch) == 1 for batch in backend.batches[2:])
+        assert sorted(t for batch in backend.batches[1:] for t in batch) == \
+            sorted(["my own prompt"] + [f"piece {i} w w w w w w w w" for i in range(30)])
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_prompt_is_admitted_by_the_prompts_queued_not_by_another_requests_pieces():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend)
+        teach(b, 0.2)
+        first = await hold_first(b, backend)  # predicted to take 0.2 s
+        pieces = await queue_bulk(b, backend, [f"piece {i}" for i in range(200)])
+        # 200 pieces ahead: four more batches; the prompt waits for none of them.
+        assert b.predicted_wait(bulk=True) > 0.7 > b.predicted_wait()
+        prompt = asyncio.create_task(b.embed("my own prompt", time.monotonic() + 0.7))
+        with pytest.raises(WouldMissDeadline):  # a bulk text is judged by everything queued
+            await b.embed("one more piece", time.monotonic() + 0.7, bulk=True)
+        backend.gate.set()
+        np.testing.assert_allclose(await prompt, vector_for("my own prompt"))
+        await asyncio.gather(first, *pieces)
+        assert obs.dropped.get("overload") == 1
+        assert b.depth == (0, 0)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_pieces_never_make_a_prompt_in_their_batch_late():
+    async def main():
+        backend = FakeBackend(hold=True)
+        b, obs = await start_batcher(backend, bulk_slice_ms=1000)
+        fixed_costs(b, 0.01)  # 10 ms a padded token
+        first = await hold_first(b, backend)
+        pieces = await queue_bulk(b, backend, [f"piece {i} w w w w w w w w" for i in range(10)])
+        prompt = asyncio.create_task(b.embed("my own prompt", time.monotonic() + 0.6))  # ~50 ms alone
+        await wait_until(lambda: "my own prompt" in backend.tokenized)
+        backend.gate.set()
+        np.testing.assert_allclose(await prompt, vector_for("my own prompt"))
+        await asyncio.gather(first, *pieces)
+        # With it, pieces fit only while the batch still ends by its deadline (3 x 10 tokens = 300 ms).
+        assert backend.batches[1][0] == "my own prompt" and len(backend.batches[1]) <= 5
+        assert "late" not in obs.dropped
+        await b.aclose()
+
+    asyncio.run(main())

@@ -19,7 +19,7 @@ class Flaky:
     def __init__(self, failures: int, error: Exception):
         self.failures, self.error, self.calls = failures, error, 0
 
-    async def embed(self, text: str, deadline: float) -> np.ndarray:
+    async def embed(self, text: str, deadline: float, bulk: bool = False) -> np.ndarray:
         self.calls += 1
         if self.calls <= self.failures:
             raise self.error

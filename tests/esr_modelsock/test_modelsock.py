@@ -72,6 +72,27 @@ def test_embeddings_cross_the_socket_exactly(tmp_path):
     asyncio.run(main())
 
 
+def test_a_front_ends_bulk_texts_give_way_to_prompts_in_the_model_process(tmp_path):
+    async def main():
+        backend = FakeBackend(hold=True)
+        side = await Side(tmp_path / "m.sock", backend).start()
+        client = await connect(side.path)
+        first = asyncio.create_task(client.embed("first", soon(10)))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        pieces = [asyncio.create_task(client.embed(f"piece {i}", soon(10), bulk=True)) for i in range(8)]
+        await until(lambda: len(backend.tokenized) == 9)
+        prompt = asyncio.create_task(client.embed("my own prompt", soon(10)))
+        await until(lambda: len(backend.tokenized) == 10)
+        backend.gate.set()
+        vectors = await asyncio.gather(first, *pieces, prompt)
+        np.testing.assert_array_equal(vectors[-1], vector_for("my own prompt"))
+        assert side.batcher._queue.own_depth == (0, 0, 0) and backend.batches[1][0] == "my own prompt"
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
 def test_a_tracer_sees_each_call_across_the_socket(tmp_path):
     async def main():
         side = await Side(tmp_path / "m.sock", FakeBackend()).start()

@@ -167,3 +167,37 @@ def test_ordinary_requests_route_beside_a_dozen_costly_bodies(fortified_as_shipp
     # Each costly body got the router's own answer: routed, or refused by the guard (block), never
     # Envoy's fail-open (no route header and no error code of the router's).
     assert all(not code.startswith("unrouted") for _, code in outcomes), outcomes
+
+
+@pytest.mark.exclusive
+def test_ordinary_requests_route_beside_long_conversations(fortified_as_shipped):
+    """Two clients sending agent conversations of 100 turns (26 kB, parsed at once, a hundred pieces
+    each for the guard) back to back. Their pieces once held the model while the prompts behind them
+    were refused (fallback_overload, 2-3 of 15) or waited past the deadline; they now give way to a
+    request's own prompt (batching/queue.py)."""
+    stop, outcomes = threading.Event(), []
+
+    def talker(n: int):
+        while not stop.is_set():
+            body = chat(*[user(f"turn {i} of talk {n} {uuid.uuid4().hex} " + "word " * 40) for i in range(100)])
+            r = post(fortified_as_shipped, body)
+            outcomes.append(r.headers.get("x-semantic-route-reason") or r.json().get("error", {}).get("code"))
+
+    talkers = [threading.Thread(target=talker, args=(n,)) for n in range(2)]
+    for t in talkers:
+        t.start()
+    try:
+        wait_for(lambda: len(outcomes) >= 2, 30, "the talkers' first answers")
+        ordinary = [post(fortified_as_shipped, chat(user(f"solve the equation 3x + 4 = 19 ({uuid.uuid4().hex[:6]})")))
+                    for _ in range(20)]
+    finally:
+        stop.set()
+        for t in talkers:
+            t.join(timeout=60)
+    assert [r.headers.get("x-semantic-route-reason") for r in ordinary] == ["matched"] * 20, (
+        [(r.status_code, r.text[:80]) for r in ordinary if r.headers.get("x-semantic-route-reason") != "matched"],
+        [line for line in scrape(fortified_as_shipped.metrics_url).splitlines()
+         if line.startswith(("semantic_router_prompt_guard_undecided_total", "semantic_router_batcher_dropped"))])
+    # Each conversation got the router's own answer: examined, or refused by the guard's on_error.
+    assert outcomes and all(code in ("matched", "default", "low_confidence", "prompt_guard_unavailable",
+                                     "content_policy_violation") for code in outcomes), outcomes

@@ -130,7 +130,7 @@ def test_the_engine_hands_out_decisions_with_their_model_chosen():
     assert engine.pinned("small-model").model == "small-model"
 
     class Batcher:
-        async def embed(self, text, deadline):
+        async def embed(self, text, deadline, bulk=False):
             return encode([text])[0]
 
     engine.batcher = Batcher()

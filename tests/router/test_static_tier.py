@@ -147,7 +147,7 @@ class Recording:
     def __init__(self):
         self.asked: list[str] = []
 
-    async def embed(self, text, deadline):
+    async def embed(self, text, deadline, bulk=False):
         self.asked.append(text)
         return encode([text])[0]
 
@@ -182,7 +182,7 @@ def test_a_router_with_a_static_tier_reads_a_late_request_that_one_without_sheds
 class Refusing:
     """The batcher's part, overloaded: it refuses every text, as the queue does when it would be late."""
 
-    async def embed(self, text, deadline):
+    async def embed(self, text, deadline, bulk=False):
         raise Overloaded("predicted to answer after the deadline")
 
 
@@ -217,7 +217,7 @@ def test_a_request_late_before_the_encoder_is_asked_is_refused_at_once_and_route
 class Stalled:
     """The batcher's part, stalled: nothing it is given comes back."""
 
-    async def embed(self, text, deadline):
+    async def embed(self, text, deadline, bulk=False):
         await asyncio.sleep(3600)
 
 
