@@ -30,6 +30,7 @@ from batching import Backend, Embedder
 from esr_extproc.attempt_log import FailedAttempts
 from esr_extproc.records import DecisionRecorder
 from esr_extproc.tracing import Tracing
+from esr_extproc.feedback_answer import shared_score
 from esr_extproc.service import ExtProcService
 from esr_extproc.serving import Serving
 from esr_extproc.keeper import CacheKeeper
@@ -180,7 +181,8 @@ class RouterServer:
         """A client of the model process at encoder.socket, or the model (or remote engine) and its
         batcher here."""
         if self.config.encoder.socket is not None:
-            client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state)
+            client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state,
+                                 on_score=self._on_shared_score)
             client.call_span = self.tracing.span if self.tracing is not None else None
             client.start(asyncio.get_running_loop())
             await client.started()
@@ -192,6 +194,11 @@ class RouterServer:
     def _batch_hook(self):
         """What traces this process's batches (the model process's, behind a socket, are not)."""
         return self.tracing.batch_hook if self.tracing is not None else None
+
+    def _on_shared_score(self, selection_id: str, score: float) -> None:
+        engine = self.ext_proc.engine
+        if engine is not None and engine.feedback is not None:
+            shared_score(engine.feedback, selection_id, score)
 
     def _serving_status(self):
         model_away = isinstance(self.embedder, ModelClient) and not self.embedder.connected
@@ -210,6 +217,9 @@ class RouterServer:
         self.config = config
         if self.ext_proc.cache is not None:
             self.ext_proc.cache.use_encoder(encoder_identity(config))
+        feedback = serving.engine.feedback
+        if feedback is not None and isinstance(self.embedder, ModelClient):  # a pool's worker
+            feedback.shared = self.embedder.share_score
         self.ext_proc.serve(serving)
         version = config_version(config)
         if self._version is not None and self._version != version:

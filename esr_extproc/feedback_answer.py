@@ -14,7 +14,8 @@ from esr_extproc.stream import RequestStream
 from filters.builtin import openai_error
 from filters.context import ImmediateReply
 from router import metrics
-from router.feedback import BadFeedback, parse_feedback
+from router.feedback import BadFeedback, Issued, parse_feedback
+from router.selection import Feedback
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,31 @@ def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.Proces
         except ValueError:
             raise BadFeedback("bad_body", "the body is not JSON") from None
         selection_id, score = parse_feedback(body)
-        issued = feedback.ids.verify(selection_id)
+        issued = feedback.fold(selection_id, score)
     except BadFeedback as bad:
         return _refused(bad.kind, f"Feedback refused: {bad}")
-    feedback.book.add(issued.route, issued.model, issued.predicted, score)
-    correction = feedback.book.correction(issued.route, issued.model)
-    metrics.CORRECTION.labels(issued.route, issued.model).set(correction)
-    metrics.FEEDBACK.labels("accepted").inc()
+    if feedback.shared is not None:
+        feedback.shared(selection_id, score)
+    correction = _counted(feedback, issued, "accepted")
     answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model,
                          "correction": round(correction, 4)}).encode()
     return replies.immediate(ImmediateReply(200, answer), {}, details="semantic_router_feedback")
+
+
+def shared_score(feedback: Feedback, selection_id: str, score: float) -> None:
+    """A score another worker of the pool accepted (passed on by the model process): folded in here
+    too, verified as a posted one is; one already folded (this worker's own, back after a reconnect)
+    is dropped."""
+    try:
+        issued = feedback.fold(selection_id, score)
+    except BadFeedback as bad:
+        metrics.FEEDBACK.labels(f"shared_{bad.kind}").inc()
+        return
+    _counted(feedback, issued, "shared")
+
+
+def _counted(feedback: Feedback, issued: Issued, outcome: str) -> float:
+    correction = feedback.book.correction(issued.route, issued.model)
+    metrics.CORRECTION.labels(issued.route, issued.model).set(correction)
+    metrics.FEEDBACK.labels(outcome).inc()
+    return correction

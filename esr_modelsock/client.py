@@ -41,6 +41,10 @@ class _Link(wire.FramedProtocol):
                 self._client._settle(wire.request_id_of(payload), np.frombuffer(payload, np.float32, offset=4))
             elif kind == wire.ERROR:
                 self._client._settle(*wire.error_of(payload))
+            elif kind == wire.SCORE:
+                shared = wire.score_of(payload)
+                if shared is not None:
+                    self._client.on_score(*shared)
             elif kind == wire.HELLO and not self.hello.done():
                 self.hello.set_result(json.loads(payload))
 
@@ -56,9 +60,12 @@ def _identity(hello: dict) -> tuple:
 
 
 class ModelClient:
-    def __init__(self, path: str | Path, on_state: Callable[[bool], None] | None = None):
+    def __init__(self, path: str | Path, on_state: Callable[[bool], None] | None = None,
+                 on_score: Callable[[str, float], None] | None = None):
         self.path = str(path)
         self.on_state = on_state or (lambda up: None)
+        # A selection score another front end accepted (wire.SCORE): the owner folds it in as its own.
+        self.on_score = on_score or (lambda selection_id, score: None)
         self.model: dict | None = None  # the model process's HELLO: model, dimension, pid
         # A tracer's span around each call (by name): the model process's queue and batch as the
         # request sees them. None: not traced.
@@ -155,6 +162,12 @@ class ModelClient:
             raise
         finally:
             self._pending.pop(request_id, None)
+
+    def share_score(self, selection_id: str, score: float) -> None:
+        """A score this front end accepted, to the pool's others (through the model process); lost
+        where the model process is not connected (each worker then learns from its own)."""
+        if self._out is not None:
+            self._out.write(wire.score_frame(selection_id, score))
 
     def _cancel(self, request_id: int) -> None:
         if self._out is not None and request_id in self._pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -26,6 +27,9 @@ class SocketInUse(RuntimeError):
 
 
 MAX_IN_FLIGHT = 4096  # requests one front end may have open; past it each is refused (overload)
+# Scores kept for a front end that connects later: with selection feedback's default half-life (200
+# scores) and prior (20), the last 2,000 make a worker's corrections within 0.1% of the others'.
+SCORES_KEPT = 2000
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -64,10 +68,11 @@ class _Connection(wire.FramedProtocol):
 
     peer = "front end"
 
-    def __init__(self, batcher: ContinuousBatcher, hello: bytes, connections: set):
+    def __init__(self, batcher: ContinuousBatcher, hello: bytes, connections: set, scores: collections.deque):
         super().__init__()
         self._batcher = batcher
         self._connections = connections
+        self._scores = scores
         self._hello = hello
         self.replies: dict[int, _Reply] = {}
         self._out: wire.FrameWriter  # from connection_made on
@@ -86,6 +91,8 @@ class _Connection(wire.FramedProtocol):
         self._connections.add(self)
         self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
         self._out.write(wire.hello_frame(self._hello))
+        for frame in self._scores:  # a worker started (or restarted) now learns what the others have
+            self._out.write(frame)
 
     def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
@@ -101,6 +108,8 @@ class _Connection(wire.FramedProtocol):
                 reply = self.replies[request_id] = _Reply(self, request_id)
                 (bulk if kind == wire.EMBED_BULK else arrived).append(
                     (raw.decode("utf-8", "surrogatepass"), now + budget, reply))
+            elif kind == wire.SCORE:
+                self._pass_on(wire.framed(wire.SCORE, payload))
             elif kind == wire.CANCEL:
                 self._submit(arrived)  # a CANCEL may name a request of this same read
                 self._submit(bulk, True)
@@ -108,6 +117,14 @@ class _Connection(wire.FramedProtocol):
                 self._drop(self.replies.pop(wire.request_id_of(payload), None))
         self._submit(arrived)
         self._submit(bulk, True)
+
+    def _pass_on(self, frame: bytes) -> None:
+        """A score this front end accepted: to every other front end now, and to those that connect
+        later (the last SCORES_KEPT)."""
+        self._scores.append(frame)
+        for other in self._connections:
+            if other is not self:
+                other._out.write(frame)
 
     def _submit(self, arrived: list[tuple[str, float, _Reply]], bulk: bool = False) -> None:
         if not arrived:
@@ -156,6 +173,7 @@ class ModelSocketServer:
         self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
+        self._scores: collections.deque[bytes] = collections.deque(maxlen=SCORES_KEPT)
 
     @property
     def in_flight(self) -> int:
@@ -171,7 +189,7 @@ class ModelSocketServer:
         umask = os.umask(0o177)
         try:
             self._server = await loop.create_unix_server(
-                lambda: _Connection(self.batcher, self._hello, self._connections), str(self.path))
+                lambda: _Connection(self.batcher, self._hello, self._connections, self._scores), str(self.path))
         finally:
             os.umask(umask)
         log.info("model socket listening", extra={"socket": str(self.path)})

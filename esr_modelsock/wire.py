@@ -24,6 +24,9 @@ from batching import (BatcherClosed, BatcherError, DeadlineExceeded, ModelUnavai
 log = logging.getLogger(__name__)
 
 EMBED, CANCEL, HELLO, VECTOR, ERROR, EMBED_BULK = 1, 2, 3, 4, 5, 6  # EMBED_BULK: EMBED of a bulk text (WorkItem.bulk)
+# A selection score a front end accepted (router/feedback.py), passed on by the model process to the
+# other front ends: a pool's workers learn from every score, wherever it was posted.
+SCORE = 7
 
 _HEAD = struct.Struct("<IB")  # length, kind
 _ID = struct.Struct("<I")
@@ -52,6 +55,24 @@ class ProtocolError(Exception):
 
 def embed_frame(request_id: int, budget_s: float, text: bytes, bulk: bool = False) -> bytes:
     return _EMBED.pack(9 + len(text), EMBED_BULK if bulk else EMBED, request_id, budget_s) + text
+
+
+def score_frame(selection_id: str, score: float) -> bytes:
+    return framed(SCORE, f"{score!r} {selection_id}".encode("ascii", "replace")[:4096])
+
+
+def framed(kind: int, payload: bytes) -> bytes:
+    return _HEAD.pack(1 + len(payload), kind) + payload
+
+
+def score_of(payload: bytes) -> tuple[str, float] | None:
+    """(selection id, score) from a SCORE payload; None for one that is not (the receiver verifies
+    the id as it would a posted one)."""
+    score, _, selection_id = payload.decode("ascii", "replace").partition(" ")
+    try:
+        return selection_id, float(score)
+    except ValueError:
+        return None
 
 
 def cancel_frame(request_id: int) -> bytes:

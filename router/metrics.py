@@ -52,7 +52,8 @@ EXPLORED = Counter(
 )
 FEEDBACK = Counter(
     "semantic_router_selection_feedback_total",
-    "Scores posted to the feedback path, by outcome (accepted|unauthorized|bad_body|bad_id|expired|repeated|off).",
+    "Scores posted to the feedback path, by outcome (accepted|unauthorized|bad_body|bad_id|expired|repeated|off); "
+    "in a pool, scores another worker accepted (shared, or shared_<why> where not folded in: shared_repeated).",
     ["outcome"],
 )
 CORRECTION = Gauge(

@@ -24,7 +24,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from esr_settings import ConfigError
-from router.feedback import FeedbackBook, SelectionIds
+from router.feedback import FeedbackBook, Issued, SelectionIds
 
 Strategy = Literal["cheapest_meeting_floor", "best_within_budget", "utility"]
 
@@ -106,6 +106,16 @@ class Feedback:
     token: bytes  # what they authenticate with (Authorization: Bearer ...)
     draw: Callable[[], float] = random.random
     source: tuple = ()  # (quality model, half-life, prior) the book's corrections are of
+    # Where an accepted score also goes: a pool worker's model socket, to the other workers (set by
+    # the composition root). None: this process only.
+    shared: Callable[[str, float], None] | None = None
+
+    def fold(self, selection_id: str, score: float) -> Issued:
+        """Folds a score into the corrections: BadFeedback where its id is not ours, too old, or
+        scored already (here, or by another worker that shared it)."""
+        issued = self.ids.verify(selection_id)
+        self.book.add(issued.route, issued.model, issued.predicted, score)
+        return issued
 
     def authorized(self, authorization: str) -> bool:
         scheme, _, given = authorization.partition(" ")

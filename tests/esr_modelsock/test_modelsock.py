@@ -93,6 +93,31 @@ def test_a_front_ends_bulk_texts_give_way_to_prompts_in_the_model_process(tmp_pa
     asyncio.run(main())
 
 
+def test_a_score_one_front_end_accepted_reaches_the_others_and_those_that_connect_later(tmp_path):
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        heard: dict[str, list] = {"a": [], "b": [], "late": []}
+
+        async def front_end(name: str) -> ModelClient:
+            client = ModelClient(side.path, on_score=lambda sid, score: heard[name].append((sid, score)))
+            client.start()
+            await asyncio.wait_for(client.started(), 10)
+            return client
+
+        a, b = await front_end("a"), await front_end("b")
+        a.share_score("id.one", 0.25)
+        b.share_score("id.two", 1.0)
+        await until(lambda: heard["a"] == [("id.two", 1.0)] and heard["b"] == [("id.one", 0.25)])
+        late = await front_end("late")
+        await until(lambda: heard["late"] == [("id.one", 0.25), ("id.two", 1.0)])
+        assert heard["a"] == [("id.two", 1.0)]  # its own never comes back to it
+        for client in (a, b, late):
+            await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
 def test_a_tracer_sees_each_call_across_the_socket(tmp_path):
     async def main():
         side = await Side(tmp_path / "m.sock", FakeBackend()).start()

@@ -1,6 +1,6 @@
 """A pool (server.workers: 2, one model process) through the real Envoy: it routes, one /metrics
-shows every process, a killed worker is replaced, a killed model process means fallbacks (never
-errors or hangs) until it is back."""
+shows every process, a score posted to one worker is folded in by both, a killed worker is
+replaced, a killed model process means fallbacks (never errors or hangs) until it is back."""
 
 from __future__ import annotations
 
@@ -9,10 +9,17 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import dataclasses
+
+import httpx
+import numpy as np
 import pytest
 import yaml
 
 from devstack.stack import ROOT, Stack, StackPorts
+from esr_app.routing_build import static_tier
+from esr_config import load_config
+from router.selection import QualityModel, save_quality
 from tests.support.extproc import route_once
 from tests.support.stack import ask, metric, scrape
 from tests.support.waiting import wait_for
@@ -24,14 +31,33 @@ def pool(tmp_path_factory, envoy_binary):
     config = yaml.safe_load((ROOT / "router.yaml").read_text())
     config["server"]["workers"] = 2
     config["cache_size"] = 0  # every request a worker's static tier leaves reaches the model process
+    # Selection with feedback on the math route; its predictions (bias only, from either tier's
+    # vectors: general-model 0.5, under the floor; math-model 0.95) keep math-model chosen, as the
+    # routing tests expect.
+    def bias_only(dimension: int) -> QualityModel:
+        weights = np.zeros((2, dimension + 1), dtype=np.float32)
+        weights[:, -1] = (0.5, 0.95)
+        return QualityModel(("general-model", "math-model"), weights, np.array([0.02, 0.02], np.float32), 0.1)
+
+    static_dimension = static_tier(load_config(ROOT / "router.yaml")).encode(["x"]).shape[-1]
+    save_quality(dataclasses.replace(bias_only(384), static=bias_only(static_dimension)),
+                 str(workdir / "quality.npz"), "bundled:all-MiniLM-L6-v2")
+    next(r for r in config["routes"] if r["name"] == "math")["models"] = ["math-model", "general-model"]
+    config["selection"] = {"path": str(workdir / "quality.npz"), "quality_floor": 0.8,
+                           "prices": {"general-model": 1, "math-model": 10},
+                           "feedback": {"enabled": True, "explore": 0.0}}
     (workdir / "router.yaml").write_text(yaml.safe_dump(config))
-    stack = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml")
+    stack = Stack(workdir, StackPorts.free(workdir / "router.yaml"), router_config=workdir / "router.yaml",
+                  router_env={"SEMANTIC_ROUTER_FEEDBACK_TOKEN": FEEDBACK_TOKEN})
     stack.start(timeout=300)
     # Serving, not only running: a worker still building its routes has not bound the port, and
     # the kernel would deal every connection to its sibling.
     wait_for(lambda: all_ready(stack), 120, "every pool process serving")
     yield stack
     stack.stop()
+
+
+FEEDBACK_TOKEN = "feedback-token-for-the-pool-test"
 
 
 def all_ready(stack) -> bool:
@@ -77,6 +103,28 @@ def test_one_metrics_endpoint_shows_every_process_and_the_shared_batches(pool):
     assert grew("semantic_router_requests_total", 'outcome="matched"') == len(prompts)
     for process in ("model", "worker-0", "worker-1"):
         assert metric(after, "semantic_router_process_cpu_seconds", f'process="{process}"') > 0
+
+
+def test_a_score_posted_to_one_worker_is_folded_in_by_the_other(pool):
+    """Each score reaches one worker (SO_REUSEPORT deals the connections); the model process passes
+    it on, so both workers' corrections count every score."""
+    def counted(outcome: str) -> float:
+        return metric(scrape(pool.metrics_url), "semantic_router_selection_feedback_total", f'outcome="{outcome}"')
+
+    before = {k: counted(k) for k in ("accepted", "shared")}
+    posted = 0
+    for i in range(12):  # a connection each: both workers take some
+        r = httpx.post(f"{pool.url}/v1/chat/completions", timeout=30,
+                       json={"model": "auto", "messages": [{"role": "user", "content": f"solve 2x + {i} = 11"}]})
+        assert r.status_code == 200 and r.headers["x-mock-backend"] == "math-model"
+        scored = httpx.post(f"{pool.url}/semantic-router/feedback", timeout=30,
+                            headers={"authorization": f"Bearer {FEEDBACK_TOKEN}"},
+                            json={"selection_id": r.headers["x-semantic-selection-id"], "score": 0.9})
+        assert scored.status_code == 200, scored.text
+        posted += 1
+    wait_for(lambda: counted("shared") - before["shared"] == posted, 10,
+             "every accepted score folded in by the other worker")
+    assert counted("accepted") - before["accepted"] == posted
 
 
 def test_a_killed_worker_is_replaced_and_requests_keep_being_answered(pool):
