@@ -180,6 +180,29 @@ def run_wrk(port: int, concurrency: int, seconds: float, script: Path, good: tup
     }
 
 
+def stop_stacks(stacks: dict) -> None:
+    """Ends each (router process, Envoy, listener) of `stacks`, Envoy first; a part never started is None."""
+    for proc, envoy, _ in stacks.values():
+        for q in (envoy, proc):
+            if q is not None:
+                q.terminate()
+                q.wait(30)
+
+
+def cli_seconds(*args: str) -> float:
+    """Seconds `semantic-router <args>` took, run as a team runs it (its output discarded)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "esr_app", *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def eval_json(config: Path, data: Path) -> dict:
+    """`semantic-router eval --json` of `config` on `data`."""
+    out = subprocess.run([sys.executable, "-m", "esr_app", "eval", "--config", str(config), "--data", str(data), "--json"],
+                         check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 def wrk_workdir(name: str) -> Path:
     """A fresh work directory for the `name` benchmark, which drives Envoy with wrk; exits where
     wrk is missing."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from bench.harness import launch_router
 from bench.harness import tree_cpu
 from bench.harness import run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import stop_stacks
 from bench.report import emit
 from bench.harness import ROUTED, split_tallies, wrk_script
 from devstack.stack import free_port
@@ -97,11 +98,7 @@ def main() -> None:
                                  # Fallbacks routed by the static tier's guess (static_tier.fallback), of all answers.
                                  "guessed_share": round(guessed / answers, 4) if answers else None})
     finally:
-        for proc, envoy, _ in stacks.values():
-            for q in (envoy, proc):
-                if q is not None:
-                    q.terminate()
-                    q.wait(30)
+        stop_stacks(stacks)
 
     def best(variant: str, scenario: str, key: str, low: bool = False):
         vals = [r[key] for r in rows if r["variant"] == variant and r["scenario"] == scenario and r.get(key) is not None]

@@ -16,24 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from bench.harness import cli_seconds, eval_json
 from bench.report import emit
 
 ROOT = Path(__file__).resolve().parents[2]
 CLINC = ROOT.parent / "shared" / "data" / "clinc150"
-CLI = [sys.executable, "-m", "esr_app"]
-
-
-def run(*args: str) -> float:
-    t0 = time.perf_counter()
-    subprocess.run([*CLI, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
 
 
 def few_shot(work: Path, head: bool) -> Path:
@@ -49,7 +41,7 @@ def few_shot(work: Path, head: bool) -> Path:
             for text in route["utterances"]:
                 f.write(json.dumps({"text": text, "label": route["name"]}) + "\n")
     out = work / ("few.head.yaml" if head else "few.similarity.yaml")
-    run("fit", "--config", str(work / "few.yaml"), "--data", str(work / "few.jsonl"), *(["--head"] if head else []),
+    cli_seconds("fit", "--config", str(work / "few.yaml"), "--data", str(work / "few.jsonl"), *(["--head"] if head else []),
         "--out", str(out))
     return out
 
@@ -81,12 +73,6 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> Path:
     return path
 
 
-def judged(config_path: Path) -> dict:
-    out = subprocess.run([*CLI, "eval", "--config", str(config_path), "--data", str(CLINC / "val.jsonl"), "--json"],
-                         check=True, cwd=ROOT, capture_output=True, text=True).stdout
-    return json.loads(out)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=10_000)
@@ -101,12 +87,12 @@ def main() -> None:
         records = recorded(few, args.work, args.records, args.seed)
         refit = few.with_suffix(".refit.yaml")
         report = few.with_suffix(".refit.json")
-        seconds = run("fit", "--config", str(few), "--from-records", str(records), "--out", str(refit),
+        seconds = cli_seconds("fit", "--config", str(few), "--from-records", str(records), "--out", str(refit),
                       "--report", str(report))
         held[few.stem] = json.loads(report.read_text())
         kind = "head" if head else "similarity"
         for name, path in ((f"few-shot {kind}", few), (f"few-shot {kind}, refit on records", refit)):
-            measured = judged(path)
+            measured = eval_json(path, CLINC / "val.jsonl")
             tiers = measured.get("tiers") or {}
             rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
                          "accuracy": measured["accuracy"],

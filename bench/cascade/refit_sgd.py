@@ -16,24 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from bench.harness import cli_seconds, eval_json
 from bench.report import emit
 
 ROOT = Path(__file__).resolve().parents[2]
 SGD = ROOT.parent / "shared" / "data" / "sgd"
-CLI = [sys.executable, "-m", "esr_app"]
-
-
-def run(*args: str) -> float:
-    t0 = time.perf_counter()
-    subprocess.run([*CLI, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
 
 
 def team_config(work: Path) -> Path:
@@ -48,7 +40,7 @@ def team_config(work: Path) -> Path:
             for text in route["utterances"]:
                 f.write(json.dumps({"text": text, "label": route["name"]}) + "\n")
     out = work / "sgd.fitted.yaml"
-    run("fit", "--config", str(work / "sgd.yaml"), "--data", str(work / "sgd.utterances.jsonl"), "--out", str(out))
+    cli_seconds("fit", "--config", str(work / "sgd.yaml"), "--data", str(work / "sgd.utterances.jsonl"), "--out", str(out))
     return out
 
 
@@ -76,12 +68,6 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> tuple[Path, in
     return path, len(texts)
 
 
-def judged(config_path: Path) -> dict:
-    out = subprocess.run([*CLI, "eval", "--config", str(config_path), "--data", str(SGD / "dev.jsonl"), "--json"],
-                         check=True, cwd=ROOT, capture_output=True, text=True).stdout
-    return json.loads(out)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dialogues", type=int, default=2400)
@@ -94,11 +80,11 @@ def main() -> None:
     records, n = recorded(config, args.work, args.dialogues, args.seed)
     refit = config.with_suffix(".refit.yaml")
     report = config.with_suffix(".refit.json")
-    seconds = run("fit", "--config", str(config), "--from-records", str(records), "--out", str(refit),
+    seconds = cli_seconds("fit", "--config", str(config), "--from-records", str(records), "--out", str(refit),
                   "--report", str(report))
     rows = []
     for name, path in (("SGD config (40 utterances a domain)", config), ("the same, refit on records", refit)):
-        measured = judged(path)
+        measured = eval_json(path, SGD / "dev.jsonl")
         tiers = measured.get("tiers") or {}
         rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
                      "accuracy": measured["accuracy"], "encoder_alone_accuracy": measured.get("encoder_alone_accuracy"),

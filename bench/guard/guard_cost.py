@@ -22,6 +22,7 @@ from bench.harness import ROUTED, split_tallies, wrk_script
 from bench.harness import launch_router
 from bench.harness import tree_cpu
 from bench.harness import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import stop_stacks
 from bench.report import emit
 from devstack.stack import ROOT, free_port
 from esr_config import load_config
@@ -75,10 +76,7 @@ def main() -> None:
                 rows.append({"variant": name, "trial": trial, **row,
                              "cpu_ms_per_request": round(1000 * spent / answered, 4) if answered else None})
     finally:
-        for proc, envoy, _ in stacks.values():
-            for q in (envoy, proc):
-                q.terminate()
-                q.wait(30)
+        stop_stacks(stacks)
     best = {name: max(r["goodput_rps"] for r in rows if r["variant"] == name) for name in stacks}
     ratio = best["with_guard"] / best["without_guard"]
     checks = {"routed req/s at c64 with the guard / without (target >= 0.8)": {

@@ -21,6 +21,7 @@ import yaml
 
 from bench.harness import launch_router
 from bench.harness import WRK_SCRIPT, run_wrk, start_direct_envoy, wrk_workdir
+from bench.harness import stop_stacks
 from bench.report import emit
 from devstack.stack import free_port
 from tests.support.otlp import Receiver
@@ -61,10 +62,7 @@ def main() -> None:
                 rows.append({"variant": name, "trial": trial, **run_wrk(stacks[name][2], 64, args.seconds, script,
                                                                          good=ROUTED)})
     finally:
-        for proc, envoy, _ in stacks.values():
-            for q in (envoy, proc):
-                q.terminate()
-                q.wait(30)
+        stop_stacks(stacks)
         receiver.__exit__(None, None, None)
     best = {name: max(r["goodput_rps"] for r in rows if r["variant"] == name) for name in variants}
     written = sum(1 for _ in open(workdir / "records.jsonl")) if (workdir / "records.jsonl").exists() else 0

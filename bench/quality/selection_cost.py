@@ -21,6 +21,7 @@ import numpy as np
 
 from bench.harness import (ROUTED, launch_router, run_wrk, split_tallies, start_direct_envoy, tree_cpu, wrk_script,
                            wrk_workdir)
+from bench.harness import stop_stacks
 from bench.report import emit
 from bench.workloads import short_prompts
 from devstack.stack import ROOT, free_port
@@ -92,11 +93,7 @@ def main() -> None:
                     rows.append({"variant": name, "trial": trial, **row,
                                  "cpu_ms_per_request": round(1000 * spent / routed, 3) if routed else None})
     finally:
-        for proc, envoy, _ in stacks.values():
-            for q in (envoy, proc):
-                if q is not None:
-                    q.terminate()
-                    q.wait(30)
+        stop_stacks(stacks)
 
     def cpu(variant: str) -> list[float]:
         return [r["cpu_ms_per_request"] for r in rows if r["variant"] == variant and r["scenario"] == "envoy_c64"]
