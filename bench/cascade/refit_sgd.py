@@ -1,12 +1,13 @@
 """The static tier refitted on recorded conversations (`fit --from-records`), on the SGD config a team
 writes: `examples/sgd/build_config.py` (40 utterances per domain, similarity, conversation policy
-track) fitted on its own utterances; then train dialogues served by it request by request (each user
-turn's request carries the conversation so far), decided by the code the server runs and written
-as the server writes records (the texts each request was routed on, no labels); then the refit.
+track) fitted on a few labelled dialogues (the first FEW of train); then other train dialogues served
+by it request by request (each user turn's request carries the conversation so far), decided by the
+code the server runs and written as the server writes records (the texts each request was routed
+on, no labels); then the refit.
 Both configs are judged on the dev dialogues (per user turn, routed with the turns before it): the
 share of user turns the static tier decides, and accuracy against the encoder alone.
 
-    python -m bench.cascade.refit_sgd [--dialogues 2400] [--out build/bench-refit-sgd.json]
+    python -m bench.cascade.refit_sgd [--dialogues 2850] [--out build/bench-refit-sgd.json]
 
 Needs ../shared/data/sgd (Rastogi et al., AAAI 2020, CC BY-SA 4.0; read, never committed).
 """
@@ -28,19 +29,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SGD = ROOT.parent / "shared" / "data" / "sgd"
 
 
+FEW = 150  # labelled dialogues the team's config is fitted on (of 3,000 in train)
+
+
 def team_config(work: Path) -> Path:
-    """build_config's config, fitted on its own utterances (its static tier and thresholds)."""
+    """build_config's config, fitted on the first FEW labelled train dialogues (its static tier,
+    thresholds and conversation gate)."""
     sys.path.insert(0, str(ROOT / "examples" / "sgd"))
     from build_config import build  # type: ignore[import-not-found]
 
     config = build(SGD / "train.jsonl", 40, 0)
     (work / "sgd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    with open(work / "sgd.utterances.jsonl", "w") as f:
-        for route in config["routes"]:
-            for text in route["utterances"]:
-                f.write(json.dumps({"text": text, "label": route["name"]}) + "\n")
+    lines = (SGD / "train.jsonl").read_text().splitlines()
+    (work / "sgd.few.jsonl").write_text("\n".join(lines[:FEW]) + "\n")
     out = work / "sgd.fitted.yaml"
-    cli_seconds("fit", "--config", str(work / "sgd.yaml"), "--data", str(work / "sgd.utterances.jsonl"), "--out", str(out))
+    cli_seconds("fit", "--config", str(work / "sgd.yaml"), "--data", str(work / "sgd.few.jsonl"), "--out", str(out))
     return out
 
 
@@ -52,7 +55,7 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> tuple[Path, in
     from esr_tuning.conversations import load_dialogues, predict, routed_texts
 
     config = load_config(config_path)
-    dialogues = load_dialogues(SGD / "train.jsonl", [*config.route_names], config.requests.harness_tags)
+    dialogues = load_dialogues(SGD / "train.jsonl", [*config.route_names], config.requests.harness_tags)[FEW:]
     random.Random(seed).shuffle(dialogues)
     dialogues = dialogues[:n]
     encoder, classifier = offline(config)
@@ -70,7 +73,7 @@ def recorded(config_path: Path, work: Path, n: int, seed: int) -> tuple[Path, in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dialogues", type=int, default=2400)
+    p.add_argument("--dialogues", type=int, default=2850)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=ROOT / "build" / "refit-sgd")
     p.add_argument("--out", type=Path)
@@ -83,7 +86,8 @@ def main() -> None:
     seconds = cli_seconds("fit", "--config", str(config), "--from-records", str(records), "--out", str(refit),
                   "--report", str(report))
     rows = []
-    for name, path in (("SGD config (40 utterances a domain)", config), ("the same, refit on records", refit)):
+    for name, path in ((f"SGD config (40 utterances a domain, fitted on {FEW} dialogues)", config),
+                       ("the same, refit on records", refit)):
         measured = eval_json(path, SGD / "dev.jsonl")
         tiers = measured.get("tiers") or {}
         rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
