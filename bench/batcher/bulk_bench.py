@@ -64,6 +64,7 @@ async def trial(backend, slice_ms: float | None, seconds: float) -> dict:
     async def talker():
         while not stop.is_set():
             await one_request(batcher, pieces(uuid.uuid4().hex), bulk)
+            await asyncio.sleep(0.01)  # a client's round trip: without it a refused talker spins on the loop
 
     talkers = [asyncio.create_task(talker()) for _ in range(2)]
     await asyncio.sleep(0.2)
