@@ -196,11 +196,14 @@ def cli_seconds(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def eval_json(config: Path, data: Path) -> dict:
-    """`semantic-router eval --json` of `config` on `data`."""
+def cascade_figures(config: Path, data: Path) -> dict:
+    """What `semantic-router eval --json` of `config` on `data` says of the cascade: the share the
+    static tier decides, the accuracy, and the encoder's alone."""
     out = subprocess.run([sys.executable, "-m", "esr_app", "eval", "--config", str(config), "--data", str(data), "--json"],
                          check=True, cwd=ROOT, capture_output=True, text=True).stdout
-    return json.loads(out)
+    measured = json.loads(out)
+    return {"static_share": ((measured.get("tiers") or {}).get("static") or {}).get("share"),
+            "accuracy": measured["accuracy"], "encoder_alone_accuracy": measured.get("encoder_alone_accuracy")}
 
 
 def wrk_workdir(name: str) -> Path:

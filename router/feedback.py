@@ -116,8 +116,7 @@ class FeedbackBook:
     def correction(self, route: str, model: str) -> float:
         """What to add to the model's predicted score on this route: the residual's mean, shrunk
         towards 0 by how little evidence there is."""
-        weight, mean = self._state.get((route, model), (0.0, 0.0))
-        return mean * weight / (weight + self._prior)
+        return (self.corrections(route, (model,)) or [0.0])[0]
 
     def corrections(self, route: str, models: tuple[str, ...]) -> list[float] | None:
         """Each model's correction on `route` (as `correction`, in one pass: every selected request

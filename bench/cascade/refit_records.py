@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.harness import cli_seconds, eval_json
+from bench.harness import cascade_figures, cli_seconds
 from bench.report import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,11 +92,7 @@ def main() -> None:
         held[few.stem] = json.loads(report.read_text())
         kind = "head" if head else "similarity"
         for name, path in ((f"few-shot {kind}", few), (f"few-shot {kind}, refit on records", refit)):
-            measured = eval_json(path, CLINC / "val.jsonl")
-            tiers = measured.get("tiers") or {}
-            rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
-                         "accuracy": measured["accuracy"],
-                         "encoder_alone_accuracy": measured.get("encoder_alone_accuracy"),
+            rows.append({"config": name, **cascade_figures(path, CLINC / "val.jsonl"),
                          "refit_seconds": round(seconds, 1) if path == refit else None})
     emit({"records": args.records, "rows": rows, "held_out_records": held}, str(args.out) if args.out else None,
          ("config", "static_share", "accuracy", "encoder_alone_accuracy", "refit_seconds"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.harness import cli_seconds, eval_json
+from bench.harness import cascade_figures, cli_seconds
 from bench.report import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,10 +88,7 @@ def main() -> None:
     rows = []
     for name, path in ((f"SGD config (40 utterances a domain, fitted on {FEW} dialogues)", config),
                        ("the same, refit on records", refit)):
-        measured = eval_json(path, SGD / "dev.jsonl")
-        tiers = measured.get("tiers") or {}
-        rows.append({"config": name, "static_share": tiers.get("static", {}).get("share"),
-                     "accuracy": measured["accuracy"], "encoder_alone_accuracy": measured.get("encoder_alone_accuracy"),
+        rows.append({"config": name, **cascade_figures(path, SGD / "dev.jsonl"),
                      "refit_seconds": round(seconds, 1) if path == refit else None})
     emit({"dialogues": args.dialogues, "records": n, "rows": rows, "held_out_records": json.loads(report.read_text())},
          str(args.out) if args.out else None,

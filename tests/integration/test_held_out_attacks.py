@@ -50,6 +50,14 @@ def post(stack, body: bytes | dict, path: str = CHAT, headers=None) -> httpx.Res
                       headers={"content-type": "application/json", **(headers or {})})
 
 
+def why_not_matched(stack) -> list[str]:
+    """The stack's counts that say why a request was not matched: the guard's undecided reasons,
+    outcomes, sheds and the batcher's drops (an assertion's message)."""
+    return [line for line in scrape(stack.metrics_url).splitlines()
+            if line.startswith(("semantic_router_prompt_guard_undecided_total", "semantic_router_requests_total",
+                                "semantic_router_shed", "semantic_router_batcher_dropped"))]
+
+
 def chat(*messages, **extra) -> dict:
     return {"model": "auto", **extra, "messages": list(messages)}
 
@@ -161,8 +169,7 @@ def test_ordinary_requests_route_beside_a_dozen_costly_bodies(fortified_as_shipp
         t.join(timeout=120)
     assert [r.headers.get("x-semantic-route-reason") for r in ordinary] == ["matched"] * 20, (
         [(r.status_code, r.text[:80]) for r in ordinary if r.headers.get("x-semantic-route-reason") != "matched"],
-        [line for line in scrape(fortified.metrics_url).splitlines()
-         if line.startswith(("semantic_router_prompt_guard_undecided_total", "semantic_router_requests_total", "semantic_router_shed"))])
+        why_not_matched(fortified))
     assert len(outcomes) == 12
     # Each costly body got the router's own answer: routed, or refused by the guard (block), never
     # Envoy's fail-open (no route header and no error code of the router's).
@@ -196,8 +203,7 @@ def test_ordinary_requests_route_beside_long_conversations(fortified_as_shipped)
             t.join(timeout=60)
     assert [r.headers.get("x-semantic-route-reason") for r in ordinary] == ["matched"] * 20, (
         [(r.status_code, r.text[:80]) for r in ordinary if r.headers.get("x-semantic-route-reason") != "matched"],
-        [line for line in scrape(fortified_as_shipped.metrics_url).splitlines()
-         if line.startswith(("semantic_router_prompt_guard_undecided_total", "semantic_router_batcher_dropped"))])
+        why_not_matched(fortified_as_shipped))
     # Each conversation got the router's own answer: examined, or refused by the guard's on_error.
     assert outcomes and all(code in ("matched", "default", "low_confidence", "prompt_guard_unavailable",
                                      "content_policy_violation") for code in outcomes), outcomes
