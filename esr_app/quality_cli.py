@@ -347,7 +347,8 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
                 known.update(zip(missing, encoder.encode(missing)))
             return np.stack([known[t] for t in batch])
 
-        fitted = fit_similarity_tier(result.config, embed, encode, routed, head_tier.get("overall"))
+        fitted = fit_similarity_tier(result.config, embed, encode, routed, head_tier.get("overall"),
+                                     head_tier.get("requests"))
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
     tier = StaticTier(fitted.config, encode, fitted.head)
     return result, fitted, tier
@@ -438,7 +439,7 @@ def _fit_from_records(args: argparse.Namespace, config: RouterConfig) -> int:
     embeddings = np.stack([vectors[t] for t in texts])
     # A head config's static head learns the encoder's route distribution through a hidden layer,
     # over the table as distilled (docs/notes/benchmarks-history.md has the figures that chose each).
-    tier_options: dict = {"overall": args.max_disagreement}
+    tier_options: dict = {"overall": args.max_disagreement, "requests": taught.followups}
     if config.classifier.method == "head":
         tier_options |= dict(hidden=STATIC_HIDDEN, train_rows=False, teacher=route_distribution(classifier, embeddings))
     result, fitted, tier = _fit_static_tier(FitResult(config, None, []), classifier, encoder, embeddings, texts,

@@ -19,6 +19,7 @@ import numpy as np
 
 from esr_config import RouterConfig
 from esr_tuning.replay import Recorded, replay
+from esr_tuning.static_fit import WholeRequests
 from router.classifier import RouteClassifier
 from router.static_tier import StaticTier
 
@@ -35,6 +36,7 @@ class Taught:
     texts: list[str]  # as routed, one per example
     labels: list[str]  # the encoder's route for each
     counts: Counter  # records taught, and why the others were not
+    followups: WholeRequests  # the records routed by their context: what the margins must also hold on
 
 
 def held_out(records: Sequence[Recorded], share: float, labelled: Sequence[str] = ()
@@ -65,6 +67,8 @@ def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequenc
     labels: list[str] = []
     counts: Counter = Counter()
     seen: set[str] = set()
+    followups: list[tuple[str, ...]] = []
+    their_routes: list[str] = []
     for record, decision in zip(records, replay(config, classifier, None, records, vectors)):
         if record.reason not in CLASSIFIED or decision.reason not in CLASSIFIED or not record.texts:
             counts["decided_by_rules"] += 1
@@ -77,6 +81,8 @@ def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequenc
             alone = classifier.conversation_decision(classifier.scores(vectors[text][None, :]), config.conversation.gate)
             if alone.route != decision.route:
                 counts["routed_by_context"] += 1
+                followups.append(tuple(record.texts))
+                their_routes.append(decision.route)
                 continue
         if text in seen:
             counts["repeated"] += 1
@@ -85,7 +91,7 @@ def teaching(config: RouterConfig, classifier: RouteClassifier, records: Sequenc
         texts.append(text)
         labels.append(decision.route)
         counts["taught"] += 1
-    return Taught(texts, labels, counts)
+    return Taught(texts, labels, counts, WholeRequests(followups, their_routes))
 
 
 def route_distribution(classifier: RouteClassifier, embeddings: np.ndarray) -> np.ndarray | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -50,15 +51,43 @@ def cleared(config: RouterConfig) -> RouterConfig:
         config.static_tier, thresholds={}, accept={}, head_path=None, table_path=None, min_similarity=None))
 
 
+@dataclass(frozen=True)
+class WholeRequests:
+    """Requests of several turns as recorded (each its routed texts, oldest first) that the encoder
+    routed by their context, with its route: margin examples as serving meets them. The static tier
+    decides on the newest turn, which reads like a topic of its own in many a follow-up; margins set
+    on single turns alone let it decide those against the encoder (records_fit's teaching)."""
+    texts: Sequence[tuple[str, ...]]
+    routes: Sequence[str]
+
+    def examples(self, config: RouterConfig, encode, head: LinearHead | None) -> tuple[np.ndarray, ...]:
+        """(static choices, their leads, the encoder's choices), each request weighed as StaticTier
+        weighs it under `config`'s thresholds (own_turn_lead)."""
+        classifier = static_classifier(config, encode, head)
+        names = [r.name for r in config.routes]
+        choices, lead = [], []
+        for routed in self.texts:
+            choice, ahead = own_turn_lead(classifier, classifier.scores(encode(list(routed))), config.conversation.gate)
+            choices.append(choice)
+            lead.append(ahead)
+        agree = [names.index(route) if route in names else -1 for route in self.routes]
+        return np.asarray(choices, dtype=np.int64), np.asarray(lead, dtype=np.float64), np.asarray(agree, dtype=np.int64)
+
+
+# (config with the tuned thresholds) -> (choices, leads, the encoder's choices) of more margin examples
+MoreExamples = Callable[[RouterConfig], tuple[np.ndarray, ...]]
+
+
 def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np.ndarray, texts: list[str],
                   labels: list[str], intents: list[str] | None, static: StaticTable, holdout: float = 0.2,
                   seed: int = 0, hidden: int = 0, teacher: np.ndarray | None = None, train_rows: bool = True,
-                  overall: float | None = None) -> StaticFit:
+                  overall: float | None = None, requests: WholeRequests | None = None) -> StaticFit:
     """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
     a static head trained on the same split (`_train_head`: `hidden` units, the `teacher`'s route
     distribution), its margins set on the held-out rest against `encoder`'s choices. `texts`: as
     routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled;
-    `overall`: the margins' budget (fit_margins, a kept decision weighed by the `teacher` where there is one)."""
+    `overall`: the margins' budget (fit_margins, a kept decision weighed by the `teacher` where there is one);
+    `requests`: whole requests the margins also hold on (none of them trains the head)."""
     base = cleared(config)
     fine = intents or labels
     train_idx, _ = head_split(base, labels, intents, holdout, seed)
@@ -69,9 +98,10 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed, hidden, teacher)
     classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
+    whole = None if requests is None else (lambda tuned: requests.examples(tuned, static.encode, head))
     fitted, notes = fit_margins(base, classifier, classifier.scores(static_vectors[held]),
                                 encoder.choose(encoder.scores(embeddings[held])), truth, overall=overall,
-                                teacher=teacher[held] if teacher is not None else None)
+                                teacher=teacher[held] if teacher is not None else None, more=whole)
     head = head.with_prototypes(static_vectors[train], [(intents or labels)[i] for i in train])
     fitted, more = with_in_scope_check(fitted, static_classifier(fitted, static.encode, head), static_vectors[held],
                                        truth)
@@ -107,10 +137,11 @@ def with_in_scope_check(config: RouterConfig, classifier: RouteClassifier, vecto
     return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, min_similarity=cut)), [note]
 
 
-def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list[str], overall: float | None = None
-                        ) -> StaticFit:
+def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list[str], overall: float | None = None,
+                        requests: WholeRequests | None = None) -> StaticFit:
     """A similarity config's tier: each fold of the utterances scored by both tiers built on the
-    other folds, and `texts` (traffic of any label, unlabelled will do) by both on all of them."""
+    other folds, and `texts` (traffic of any label, unlabelled will do) by both on all of them;
+    `requests`: whole requests its margins also hold on."""
     base = cleared(config)
     static_scores, choices = [], []
 
@@ -127,8 +158,9 @@ def fit_similarity_tier(config: RouterConfig, encode, static_encode, texts: list
             score(dataclasses.replace(base, routes=routes),
                   [u for r in base.routes for i, u in enumerate(r.utterances) if i % FOLDS == fold])
     score(base, list(texts))
+    whole = None if requests is None else (lambda tuned: requests.examples(tuned, static_encode, None))
     fitted, notes = fit_margins(base, static_classifier(base, static_encode),
-                                np.concatenate(static_scores), np.concatenate(choices), overall=overall)
+                                np.concatenate(static_scores), np.concatenate(choices), overall=overall, more=whole)
     return StaticFit(fitted, None, notes)
 
 
@@ -138,24 +170,39 @@ RATES = (0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
 
 def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.ndarray, agree_with: np.ndarray,
                 truth: np.ndarray | None = None, max_disagreement: float = MAX_DISAGREEMENT,
-                overall: float | None = None, teacher: np.ndarray | None = None) -> tuple[RouterConfig, list[str]]:
+                overall: float | None = None, teacher: np.ndarray | None = None, more: MoreExamples | None = None
+                ) -> tuple[RouterConfig, list[str]]:
     """The tier's thresholds (with_thresholds), then each route's accept margin (accept_margins)
-    on the same held-out examples, each a request of one text. `overall`: instead of one rate per
-    route, the highest of RATES at which the decisions it keeps are expected to lose at most that
-    share of all the held-out requests' accuracy (disagreements, or as `teacher` weighs them: _accepted)."""
+    on the same held-out examples, each a request of one text, and `more` (whole requests, weighed
+    under the tuned thresholds: WholeRequests; for them the encoder's choice stands for `truth`).
+    `overall`: instead of one rate per route, the highest of RATES at which the decisions it keeps
+    are expected to lose at most that share of all the held-out requests' accuracy (disagreements,
+    or as `teacher` weighs them: _accepted)."""
     tuned = with_thresholds(config, classifier, scores, agree_with)
     thresholds = np.asarray([tuned.static_tier.thresholds[r.name] for r in config.routes], dtype=np.float32)
     choices = classifier.choose(scores, thresholds)
     lead = margins(classifier, scores, choices, thresholds)
+    if more is not None:
+        extra_choices, extra_lead, extra_agree = more(tuned)
+        choices, lead = np.concatenate([choices, extra_choices]), np.concatenate([lead, extra_lead])
+        agree_with = np.concatenate([agree_with, extra_agree])
+        if truth is not None:
+            truth = np.concatenate([truth, extra_agree])
+        if teacher is not None:  # the encoder's own choice, certain (its default route: no column, cost 1)
+            sure = np.zeros((len(extra_agree), teacher.shape[1]), dtype=teacher.dtype)
+            sure[np.flatnonzero(extra_agree >= 0), extra_agree[extra_agree >= 0]] = 1.0
+            teacher = np.concatenate([teacher, sure])
     if overall is None:
-        fitted, notes, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
+        fitted, notes, _, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
         return fitted, notes
     chosen = (dataclasses.replace(tuned, static_tier=dataclasses.replace(
         tuned.static_tier, accept={r.name: NEVER for r in config.routes})),
         [f"static tier: no rate keeps its decisions within {overall:.2%} of all: the encoder decides every prompt"])
     for rate in RATES:
-        fitted, notes, lost = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
-        if lost <= overall:
+        fitted, notes, lost, costs = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
+        # Judged on examples the margins were not set on as well: set on all of them, a rate meets
+        # the budget there more easily than on requests it has not seen (held-out records showed it).
+        if lost <= overall and _cross_loss(tuned, choices, lead, agree_with, truth, rate, teacher, costs) <= overall:
             chosen = (fitted, notes + [f"static tier: {rate:.2%} of a route's kept decisions may differ from the "
                                        f"encoder's, the most within {overall:.2%} of all"])
     return chosen
@@ -177,15 +224,34 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
     and its lead, the encoder's choice. With `truth` (route indices), what a kept decision costs is
     accuracy, not agreement: a static mistake where the encoder is right costs 1, a static hit
     where the encoder is wrong gains 1."""
-    fitted, notes, _ = _accepted(config, choices, lead, agree_with, truth, max_disagreement)
+    fitted, notes, _, _ = _accepted(config, choices, lead, agree_with, truth, max_disagreement)
     return fitted, notes
+
+
+def _cross_loss(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
+                truth: np.ndarray | None, rate: float, teacher: np.ndarray | None, costs: np.ndarray) -> float:
+    """What the decisions kept at `rate` lose (as _accepted's loss, each example's `costs`) where each
+    half of the examples (alternate ones) is judged by the margins set on the other half."""
+    names = [r.name for r in config.routes]
+    lost = 0.0
+    for half in (0, 1):
+        mine = np.arange(len(choices)) % 2 == half
+        fitted, _, _, _ = _accepted(config, choices[mine], lead[mine], agree_with[mine],
+                                    None if truth is None else truth[mine], rate,
+                                    None if teacher is None else teacher[mine])
+        accept = np.asarray([fitted.static_tier.accept[n] for n in names])
+        other = ~mine
+        chosen = choices[other]
+        kept = (chosen >= 0) & (lead[other] >= accept[np.maximum(chosen, 0)])
+        lost += float(costs[other][kept].sum())
+    return lost / max(len(choices), 1)
 
 
 def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
               truth: np.ndarray | None, max_disagreement: float, teacher: np.ndarray | None = None
-              ) -> tuple[RouterConfig, list[str], float]:
-    """accept_margins, and the accuracy the decisions kept are expected to lose, as a share of all
-    the requests. `teacher`: (n, routes) the encoder's probability of each route, where no label
+              ) -> tuple[RouterConfig, list[str], float, np.ndarray]:
+    """accept_margins, the accuracy the decisions kept are expected to lose, as a share of all
+    the requests, and what each example would cost kept. `teacher`: (n, routes) the encoder's probability of each route, where no label
     says which is right: a kept decision that differs from the encoder's then costs what the
     encoder's choice is more likely than the static tier's (1 where the encoder chose the default
     route, which it gives no probability), not 1."""
@@ -216,7 +282,8 @@ def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree
         f"{float((agree_with == truth).mean()):.4f}")
     notes = [f"static tier: decides {share:.1%} of {len(choices)} held-out requests, differing from the encoder "
              f"on {differ:.2%} of them all{lost} (margins per route: {_shown(accept)})"]
-    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, loss
+    return (dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, loss,
+            costs)
 
 
 def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static: StaticTable, dialogues,

@@ -20,11 +20,11 @@ from esr_app.routing_build import service_settings, static_encoder, static_tier
 from esr_model.location import resolve_model
 from esr_model.static_embedding import DIMENSIONS, is_current, static_path
 from esr_tuning.evaluation import decide_without_encoder
-from esr_tuning.static_fit import MIN_SUPPORT, _accept_level, with_in_scope_check
+from esr_tuning.static_fit import MIN_SUPPORT, WholeRequests, _accept_level, fit_margins, with_in_scope_check
 from router.classifier import RouteClassifier
 from router.engine import RoutingEngine
 from router.head import LinearHead
-from router.static_tier import StaticTier, margins
+from router.static_tier import StaticTier, margins, static_classifier
 from tests.support.fakes import VECTORS, config, encode, unit
 
 
@@ -278,6 +278,26 @@ def test_fit_keeps_the_lowest_margin_whose_decisions_agree_with_the_encoder():
     assert _accept_level(lead, np.ones(1000, dtype=np.int64), 0.004) == math.inf
     # Judged on accuracy: a wrong static decision the encoder also gets wrong costs nothing.
     assert _accept_level(lead, np.where(agrees, 0, np.where(lead > 0.1, 0, 1)), 0.004) < level
+
+
+def test_margins_also_hold_on_whole_requests_the_encoder_routed_by_their_context():
+    """A follow-up whose newest turn reads like math, recorded as routed to code by its context: set
+    on single turns alone, math's margin would let the tier decide it math; with the whole requests
+    among its examples, math stays the encoder's and code's margin is untouched."""
+    cfg = config(static_tier={"enabled": True})
+    classifier = static_classifier(cfg, encode)
+    single = ["m1"] * 30 + ["c1"] * 30
+    scores, agree = classifier.scores(encode(single)), np.asarray([0] * 30 + [1] * 30)
+    alone, _ = fit_margins(cfg, classifier, scores, agree)
+    assert math.isfinite(alone.static_tier.accept["math"]) and math.isfinite(alone.static_tier.accept["code"])
+    followups = WholeRequests([("c1", "m1")] * 10, ["code"] * 10)
+    choices, lead, theirs = followups.examples(alone, encode, None)
+    assert list(choices) == [0] * 10 and list(theirs) == [1] * 10 and (lead > 0.5).all()  # decided as serving would
+    whole, _ = fit_margins(cfg, classifier, scores, agree, more=lambda tuned: followups.examples(tuned, encode, None))
+    assert whole.static_tier.accept["math"] == math.inf
+    assert whole.static_tier.accept["code"] == alone.static_tier.accept["code"]
+    assert StaticTier(alone, encode).decide(["c1", "m1"]).route == "math"  # what single turns let through
+    assert StaticTier(whole, encode).decide(["c1", "m1"]) is None
 
 
 def test_auto_is_on_for_a_local_encoder_on_cpu_or_cuda_where_the_table_can_be_made_or_behind_a_pool_where_it_is(tmp_path):
