@@ -193,16 +193,14 @@ def fit_margins(config: RouterConfig, classifier: RouteClassifier, scores: np.nd
             sure[np.flatnonzero(extra_agree >= 0), extra_agree[extra_agree >= 0]] = 1.0
             teacher = np.concatenate([teacher, sure])
     if overall is None:
-        fitted, notes, _, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
+        fitted, notes, _ = _accepted(tuned, choices, lead, agree_with, truth, max_disagreement, teacher)
         return fitted, notes
     chosen = (dataclasses.replace(tuned, static_tier=dataclasses.replace(
         tuned.static_tier, accept={r.name: NEVER for r in config.routes})),
         [f"static tier: no rate keeps its decisions within {overall:.2%} of all: the encoder decides every prompt"])
     for rate in RATES:
-        fitted, notes, lost, costs = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
-        # Judged on examples the margins were not set on as well: set on all of them, a rate meets
-        # the budget there more easily than on requests it has not seen (held-out records showed it).
-        if lost <= overall and _cross_loss(tuned, choices, lead, agree_with, truth, rate, teacher, costs) <= overall:
+        fitted, notes, lost = _accepted(tuned, choices, lead, agree_with, truth, rate, teacher)
+        if lost <= overall:
             chosen = (fitted, notes + [f"static tier: {rate:.2%} of a route's kept decisions may differ from the "
                                        f"encoder's, the most within {overall:.2%} of all"])
     return chosen
@@ -224,34 +222,15 @@ def accept_margins(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, 
     and its lead, the encoder's choice. With `truth` (route indices), what a kept decision costs is
     accuracy, not agreement: a static mistake where the encoder is right costs 1, a static hit
     where the encoder is wrong gains 1."""
-    fitted, notes, _, _ = _accepted(config, choices, lead, agree_with, truth, max_disagreement)
+    fitted, notes, _ = _accepted(config, choices, lead, agree_with, truth, max_disagreement)
     return fitted, notes
-
-
-def _cross_loss(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
-                truth: np.ndarray | None, rate: float, teacher: np.ndarray | None, costs: np.ndarray) -> float:
-    """What the decisions kept at `rate` lose (as _accepted's loss, each example's `costs`) where each
-    half of the examples (alternate ones) is judged by the margins set on the other half."""
-    names = [r.name for r in config.routes]
-    lost = 0.0
-    for half in (0, 1):
-        mine = np.arange(len(choices)) % 2 == half
-        fitted, _, _, _ = _accepted(config, choices[mine], lead[mine], agree_with[mine],
-                                    None if truth is None else truth[mine], rate,
-                                    None if teacher is None else teacher[mine])
-        accept = np.asarray([fitted.static_tier.accept[n] for n in names])
-        other = ~mine
-        chosen = choices[other]
-        kept = (chosen >= 0) & (lead[other] >= accept[np.maximum(chosen, 0)])
-        lost += float(costs[other][kept].sum())
-    return lost / max(len(choices), 1)
 
 
 def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree_with: np.ndarray,
               truth: np.ndarray | None, max_disagreement: float, teacher: np.ndarray | None = None
-              ) -> tuple[RouterConfig, list[str], float, np.ndarray]:
-    """accept_margins, the accuracy the decisions kept are expected to lose, as a share of all
-    the requests, and what each example would cost kept. `teacher`: (n, routes) the encoder's probability of each route, where no label
+              ) -> tuple[RouterConfig, list[str], float]:
+    """accept_margins, and the accuracy the decisions kept are expected to lose, as a share of all
+    the requests. `teacher`: (n, routes) the encoder's probability of each route, where no label
     says which is right: a kept decision that differs from the encoder's then costs what the
     encoder's choice is more likely than the static tier's (1 where the encoder chose the default
     route, which it gives no probability), not 1."""
@@ -282,8 +261,7 @@ def _accepted(config: RouterConfig, choices: np.ndarray, lead: np.ndarray, agree
         f"{float((agree_with == truth).mean()):.4f}")
     notes = [f"static tier: decides {share:.1%} of {len(choices)} held-out requests, differing from the encoder "
              f"on {differ:.2%} of them all{lost} (margins per route: {_shown(accept)})"]
-    return (dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, loss,
-            costs)
+    return dataclasses.replace(config, static_tier=dataclasses.replace(config.static_tier, accept=accept)), notes, loss
 
 
 def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static: StaticTable, dialogues,

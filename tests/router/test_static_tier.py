@@ -296,6 +296,11 @@ def test_margins_also_hold_on_whole_requests_the_encoder_routed_by_their_context
     whole, _ = fit_margins(cfg, classifier, scores, agree, more=lambda tuned: followups.examples(tuned, encode, None))
     assert whole.static_tier.accept["math"] == math.inf
     assert whole.static_tier.accept["code"] == alone.static_tier.accept["code"]
+    # Weighed by a teacher (a head config's refit), the follow-ups count as the encoder's sure choice.
+    taught = np.eye(2, dtype=np.float32)[agree]
+    weighed, _ = fit_margins(cfg, classifier, scores, agree, teacher=taught,
+                             more=lambda tuned: followups.examples(tuned, encode, None))
+    assert weighed.static_tier.accept["math"] == math.inf
     assert StaticTier(alone, encode).decide(["c1", "m1"]).route == "math"  # what single turns let through
     assert StaticTier(whole, encode).decide(["c1", "m1"]) is None
 
