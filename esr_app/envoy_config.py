@@ -6,6 +6,7 @@ gateway and the router cannot disagree on models, ports or timeouts.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import itertools
 from typing import Any
@@ -18,8 +19,9 @@ from esr_extproc.config import BackendConfig
 from esr_extproc import attempt_log, keeper
 from esr_extproc.headers import (ATTEMPT_MODEL, ATTEMPTS, CACHE_KEEPER, CACHE_NAMESPACE, CHAIN, DECIDED_NAMESPACE,
                                  LLM_PATHS, MODEL_AT, MODEL_METADATA, PINNED_NAMESPACE, ROUTE, ROUTER_HEADERS, SELECTED_MODEL, SENT_AT,
-                                 SERVED_MODEL, SHOWN_TO_CLIENTS, WRITTEN_MODEL)
+                                 SELECTION_ID, SERVED_MODEL, SHOWN_TO_CLIENTS, WRITTEN_MODEL)
 from router.config import FailoverConfig
+from router.feedback import SERVED_SEPARATOR
 
 ROUTER_CLUSTER = "semantic_router"
 ADMIN_CLUSTER = "envoy_admin"
@@ -181,7 +183,7 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
-    undecided = len(routes)
+    chained = len(routes)
     if config.envoy.reads_pinned_model and not config.refuses_undecided:
         # Where the router chose nothing (it shed the request at its headers, failed or is down), a
         # body that names a backend model still reaches it (_pinned_model_reader); the rest, the default.
@@ -195,11 +197,14 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         routes.append({"match": llm, **_json_reply(503, UNDECIDED_REFUSED, {"retry-after": "1"})})
     else:
         routes.append({"match": llm, "route": default})
+    undecided = chained + len(backends)
     for r in routes:  # what answered, and after how many tries (docs/failover.md)
-        r.setdefault("response_headers_to_add", []).extend([served, attempts])
+        r.setdefault("response_headers_to_add", []).extend([served, attempts, _header(SELECTION_ID, f"%REQ({SELECTION_ID})%")])
     for r in routes[undecided:]:
         r["stat_prefix"] = UNDECIDED_STATS
     feedback = config.selection.feedback
+    if feedback.enabled:
+        routes[:chained] = [twin for r in routes[:chained] for twin in (_attributed(r), r)]
     if feedback.enabled:  # the router answers a score itself; this reply only where it did not
         # Before the passthrough prefixes: a score (and its token) never goes on to a backend.
         routes.append({"match": {"path": feedback.path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
@@ -235,16 +240,33 @@ def _undecided_logs() -> list[dict]:
     ]
 
 
+def _header(key: str, value: str) -> dict:
+    return {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
+
+
+def _attributed(chain_route: dict) -> dict:
+    """`chain_route` for a request that carries a selection id: its answer's id names the model that
+    answered after `~`, so that a score counts for that model, also after a failover (router/feedback.py)."""
+    twin = copy.deepcopy(chain_route)
+    twin["match"]["headers"].append({"name": SELECTION_ID, "present_match": True})
+    twin["response_headers_to_add"][-1] = _header(
+        SELECTION_ID, f"%REQ({SELECTION_ID})%{SERVED_SEPARATOR}%UPSTREAM_METADATA({MODEL_METADATA}:model)%")
+    return twin
+
+
 def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None, bool]]:
     """(route, chain, header timeout, idempotent) for every chain the router may name for a route:
-    each ordered subset of two up to failover.max_attempts of its ranked models (the capable ones of
-    a request, router/capabilities.py), the route's header timeout and idempotency with it."""
+    each subset of two up to failover.max_attempts of its ranked models (the capable ones of a
+    request, router/capabilities.py), in their ranked order; with model selection, in every order
+    (selection ranks a request's capable models by their predicted quality and price). The route's
+    header timeout and idempotency go with it."""
     out = []
     attempts = config.failover.max_attempts
+    ordered = itertools.permutations if config.selection.path is not None else itertools.combinations
     for route in config.ranked_routes:
         timeout = route.header_timeout_ms if route.header_timeout_ms is not None else config.failover.header_timeout_ms
         for size in range(2, min(attempts, len(route.models)) + 1):
-            out += [(route.name, chain, timeout, route.idempotent) for chain in itertools.combinations(route.models, size)]
+            out += [(route.name, chain, timeout, route.idempotent) for chain in ordered(route.models, size)]
     return out
 
 

@@ -20,7 +20,7 @@ from router.selection import Feedback
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4096  # a score is a few dozen bytes
-_STATUS = {"unauthorized": 401, "bad_body": 400, "bad_id": 400, "expired": 410, "repeated": 409, "off": 404,
+_STATUS = {"unauthorized": 401, "bad_body": 400, "bad_id": 400, "expired": 410, "repeated": 409, "unattributed": 422, "off": 404,
            "too_large": 413, "encoded": 415}
 
 
@@ -64,7 +64,7 @@ def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.Proces
     if feedback.shared is not None:
         feedback.shared(selection_id, score)
     correction = _counted(feedback, issued, "accepted")
-    answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model,
+    answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model, "selected": issued.selected,
                          "correction": round(correction, 4)}).encode()
     return replies.immediate(ImmediateReply(200, answer), {}, details="semantic_router_feedback")
 

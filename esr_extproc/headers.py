@@ -57,7 +57,9 @@ PINNED_NAMESPACE = "semantic_router.pinned"
 # (envoy.undecided). Only the router's answers write this namespace: a client cannot, and no header
 # or body can forge or replay it (docs/bad-input.md#undecided-requests).
 DECIDED_NAMESPACE = "semantic_router.decided"
-SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED, SELECTION_ID)  # copied onto responses by Envoy
+# Copied onto responses by Envoy; SELECTION_ID too, by each route, with the model that answered
+# appended where the request could fail over (docs/model-selection.md#feedback).
+SHOWN_TO_CLIENTS = (ROUTE, REASON, SELECTED_MODEL, CONFIDENCE, TRUNCATED, TIER, SKIPPED)
 # Set on responses by the rendered config: the model that answered (an attempt's upstream filter, or
 # the route) and how many models were tried (docs/failover.md).
 SERVED_MODEL = "x-semantic-route-served-model"

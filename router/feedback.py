@@ -8,10 +8,13 @@ evidence (half at `prior` scores): a model whose answers got worse loses its tra
 accumulates, not on one bad score. A small, counted share of requests (`explore`) goes to another
 capable model so that a model that lost its traffic still earns scores, and can win it back.
 
-The id is `<route>.<model>.<predicted x 10^4>.<issued, epoch s>.<nonce>.<mac>`, names in base64url,
-the MAC keyed BLAKE2b of the rest under the feedback token: any process of a pool can verify an id
-another issued, and a client cannot make one up. Ids older than `max_age_s`, and ids already scored,
-are refused.
+The id is `<route>.<models>.<predicted x 10^4, each>.<index of the selected one>.<issued, epoch s>.<nonce>.<mac>`,
+names in base64url, lists comma-separated, the MAC keyed BLAKE2b of the rest under the feedback
+token: any process of a pool can verify an id another issued, and a client cannot make one up. It
+names every model selection predicted for, so that where Envoy failed over, the score counts for
+the model that answered: Envoy appends `~<that model>` to the id on the answer (esr_app/envoy_config.py),
+and only a model the signed part names is taken. Ids older than `max_age_s`, and ids already scored
+(by their signed part), are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 SEEN = 65_536  # ids scored recently, remembered to refuse a second score for the same request
+SERVED_SEPARATOR = "~"  # between a signed id and the model that answered (in no base64url text)
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,11 @@ class Issued:
     """What a verified selection id says of the request it was issued for."""
 
     route: str
-    model: str
-    predicted: float
+    model: str  # the model the score counts for: the one that answered
+    predicted: float  # the quality model's own prediction for it
     issued: float
+    selected: str  # the model selection put first (another where Envoy failed over)
+    key: str  # the signed part: one score per request, whatever follows it
 
 
 class BadFeedback(ValueError):
@@ -65,31 +71,45 @@ class SelectionIds:
         self._forgotten_until = float("-inf")  # ids issued by then may have been scored and forgotten
         self._names: dict[tuple[str, str], str] = {}  # (route, model) -> their part of an id: a config's few
 
-    def issue(self, route: str, model: str, predicted: float) -> str:
-        names = self._names.get((route, model))
+    def issue(self, route: str, models: tuple[str, ...], predicted: list[float], first: int) -> str:
+        """An id for a request whose `models` selection predicted `predicted` for, `models[first]` chosen."""
+        names = self._names.get((route, models))
         if names is None:
-            names = self._names[(route, model)] = f"{_b64(route.encode())}.{_b64(model.encode())}"
+            names = self._names[(route, models)] = f"{_b64(route.encode())}.{','.join(_b64(m.encode()) for m in models)}"
         # the nonce: two requests in one second, two ids
-        body = f"{names}.{round(predicted * 10_000)}.{round(self._clock())}.{_b64(os.urandom(6))}"
+        scores = ",".join(str(round(p * 10_000)) for p in predicted)
+        body = f"{names}.{scores}.{first}.{round(self._clock())}.{_b64(os.urandom(6))}"
         return f"{body}.{self._mac(body)}"
 
     def verify(self, selection_id: str) -> Issued:
-        """The request an id was issued for; BadFeedback where it is not ours, too old, or scored already."""
-        body, _, mac = selection_id.rpartition(".")
-        if not body or not selection_id.isascii() or not hmac.compare_digest(mac, self._mac(body)):
+        """The request an id was issued for, the score counted for the model that answered (where
+        Envoy appended it); BadFeedback where the id is not ours, too old, or scored already, or the
+        model appended is not one selection predicted for."""
+        signed, _, served = selection_id.partition(SERVED_SEPARATOR)
+        body, _, mac = signed.rpartition(".")
+        if not body or not signed.isascii() or not hmac.compare_digest(mac, self._mac(body)):
             raise BadFeedback("bad_id", "selection_id was not issued by this router")
         try:  # ours (the MAC holds): its parts are as issue() wrote them
-            route, model, predicted, issued, _ = body.split(".")
-            found = Issued(_unb64(route).decode(), _unb64(model).decode(), int(predicted) / 10_000, float(issued))
-        except ValueError:
+            route, models, scores, first, issued, _ = body.split(".")
+            names = [_unb64(m).decode() for m in models.split(",")]
+            predicted = [int(p) / 10_000 for p in scores.split(",")]
+            selected = names[int(first)]
+            at = float(issued)
+        except (ValueError, IndexError):
             raise BadFeedback("bad_id", "selection_id was not issued by this router") from None
+        served = served.strip()
+        model = served if served not in ("", "-") else selected  # Envoy's "-": no upstream answered
+        if model not in names:
+            raise BadFeedback("unattributed", f"the answer came from {model[:100]!r}, a model selection did not "
+                              "predict for: its score would correct nothing")
+        found = Issued(_unb64(route).decode(), model, predicted[names.index(model)], at, selected, signed)
         if self._clock() - found.issued > self.max_age_s:
             raise BadFeedback("expired", f"selection_id is older than {self.max_age_s:g} s")
         if found.issued <= self._forgotten_until:  # its first score may have been forgotten: refused as old
             raise BadFeedback("expired", "selection_id is older than the scores this router still remembers")
-        if selection_id in self._seen:
+        if signed in self._seen:
             raise BadFeedback("repeated", "this selection_id was scored already")
-        self._seen[selection_id] = found.issued
+        self._seen[signed] = found.issued
         if len(self._seen) > SEEN:
             _, issued_at = self._seen.popitem(last=False)
             self._forgotten_until = max(self._forgotten_until, issued_at)

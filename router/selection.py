@@ -171,9 +171,10 @@ class Selector:
             explored = True  # another capable model first, drawn evenly; the rest keep their order
             rank.insert(0, rank.pop(1 + int(feedback.draw() * (len(rank) - 1)) % (len(rank) - 1)))
         first = rank[0]
-        # The id carries the quality model's own prediction: a score's residual is measured against
-        # it, so the correction converges on the model's whole error (not on what is left of it).
-        selection_id = feedback.ids.issue(route, known[first], float(raw[first])) if feedback is not None else None
+        # The id carries the quality model's own predictions (for each model: Envoy may fail over to
+        # the next): a score's residual is measured against them, so the correction converges on the
+        # model's whole error (not on what is left of it).
+        selection_id = feedback.ids.issue(route, known, raw.tolist(), first) if feedback is not None else None
         return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]),
                         explored, selection_id)
 

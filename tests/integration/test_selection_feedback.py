@@ -61,6 +61,23 @@ def test_a_static_tier_decision_is_selected_too(stack):
     assert r.headers["x-semantic-selection-id"]
 
 
+def test_selection_first_fails_over_to_the_next_model_and_the_score_counts_for_the_model_that_answered(stack):
+    """Selection puts the cheap model first, against the route's ranked list: Envoy still fails over
+    along that order, and the answer's id names the model that answered."""
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30, headers={"x-mock-fail": "general-model=503"},
+                   json={"model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-selected-model"] == "general-model"
+    assert r.headers["x-semantic-route-served-model"] == "math-model"
+    assert r.headers["x-semantic-selection-id"].endswith("~math-model")
+    accepted = _score(stack, r.headers["x-semantic-selection-id"], 0.95)
+    assert accepted.status_code == 200, accepted.text
+    assert (accepted.json()["model"], accepted.json()["selected"]) == ("math-model", "general-model")
+    plain = _chat(stack)  # no failover: the id names the selected model, which answered
+    assert plain.headers["x-semantic-route-served-model"] == "general-model"
+    assert plain.headers["x-semantic-selection-id"].endswith("~general-model")
+
+
 def _score(stack, selection_id: str, score: float, token: str | None = TOKEN) -> httpx.Response:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     return httpx.post(f"{stack.url}/semantic-router/feedback", json={"selection_id": selection_id, "score": score},

@@ -25,27 +25,43 @@ TOKEN = b"a-feedback-token-of-some-length"
 def test_an_id_names_its_request_and_is_refused_when_forged_old_or_scored_twice():
     now = [1000.0]
     ids = SelectionIds(TOKEN, max_age_s=60, clock=lambda: now[0])
-    sid = ids.issue("math.route", "small/model:v1", 0.8125)
+    sid = ids.issue("math.route", ("big", "small/model:v1"), [0.9, 0.8125], 1)
     issued = ids.verify(sid)
     assert (issued.route, issued.model, issued.predicted) == ("math.route", "small/model:v1", 0.8125)
+    assert issued.selected == "small/model:v1"
     with pytest.raises(BadFeedback) as again:
         ids.verify(sid)
     assert again.value.kind == "repeated"
-    body, _, mac = ids.issue("math", "big", 0.5).rpartition(".")
+    body, _, mac = ids.issue("math", ("big", "small"), [0.5, 0.4], 0).rpartition(".")
     parts = body.split(".")
-    forged = ".".join([*parts[:2], "9999", *parts[3:]]) + "." + mac  # another prediction, the old MAC
+    forged = ".".join([*parts[:2], "9999,4000", *parts[3:]]) + "." + mac  # another prediction, the old MAC
     with pytest.raises(BadFeedback) as bad:
         ids.verify(forged)
     assert bad.value.kind == "bad_id"
     assert SelectionIds(b"another-token-entirely", 60).verify is not None
     with pytest.raises(BadFeedback) as other:  # another router's secret
-        SelectionIds(b"another-token-entirely", 60).verify(ids.issue("math", "big", 0.5))
+        SelectionIds(b"another-token-entirely", 60).verify(ids.issue("math", ("big", "small"), [0.5, 0.4], 0))
     assert other.value.kind == "bad_id"
-    old = ids.issue("math", "big", 0.5)
+    old = ids.issue("math", ("big", "small"), [0.5, 0.4], 0)
     now[0] += 61
     with pytest.raises(BadFeedback) as expired:
         ids.verify(old)
     assert expired.value.kind == "expired"
+
+
+def test_a_score_counts_for_the_model_that_answered_which_envoy_appends_after_a_failover():
+    ids = SelectionIds(TOKEN, max_age_s=60)
+    sid = ids.issue("math", ("cheap", "dear", "dearest"), [0.8, 0.9, 0.95], 0)
+    served = ids.verify(f"{sid}~dear")  # cheap failed; dear answered
+    assert (served.model, served.predicted, served.selected) == ("dear", 0.9, "cheap")
+    with pytest.raises(BadFeedback) as again:  # one score per request, whichever model it names
+        ids.verify(f"{sid}~dearest")
+    assert again.value.kind == "repeated"
+    for unsaid in ("", "-"):  # no upstream named: the selected model's
+        assert ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 1) + "~" + unsaid).model == "dear"
+    with pytest.raises(BadFeedback) as other:  # a model the id does not name: nothing to correct
+        ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 0) + "~general")
+    assert other.value.kind == "unattributed"
 
 
 @pytest.mark.parametrize("body", [[], {"selection_id": 3, "score": 1}, {"selection_id": "x", "score": 1.5},
@@ -151,7 +167,7 @@ def test_feedback_needs_a_token_of_some_length_named_by_the_key(monkeypatch):
 def test_a_reload_keeps_what_still_applies(monkeypatch):
     monkeypatch.setenv("SEMANTIC_ROUTER_FEEDBACK_TOKEN", TOKEN.decode())
     first = feedback_for(_selection())
-    sid = first.ids.issue("math", "cheap", 0.8)
+    sid = first.ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 0)
     first.ids.verify(sid)
     first.book.add("math", "cheap", 0.8, 0.4)
     same = feedback_for(_selection(), first)
@@ -173,12 +189,12 @@ def test_an_id_that_cannot_be_ours_is_refused_not_raised(monkeypatch):
         with pytest.raises(BadFeedback) as bad:
             ids.verify(odd)
         assert bad.value.kind == "bad_id"
-    body = "bm90.YQ.notanumber.1.AAAA"  # signed, but not as issue() writes: the MAC holds, the parts do not
-    with pytest.raises(BadFeedback) as bad:
-        ids.verify(f"{body}.{ids._mac(body)}")
-    assert bad.value.kind == "bad_id"
+    for body in ("bm90.YQ.notanumber.0.1.AAAA", "bm90.YQ.5000.3.1.AAAA"):  # signed, but not as issue() writes
+        with pytest.raises(BadFeedback) as bad:
+            ids.verify(f"{body}.{ids._mac(body)}")
+        assert bad.value.kind == "bad_id"
     monkeypatch.setattr(feedback_module, "SEEN", 2)  # a short memory: what it forgot is refused as old
-    old = [ids.issue("r", "m", 0.5) for _ in range(3)]
+    old = [ids.issue("r", ("m", "n"), [0.5, 0.6], 0) for _ in range(3)]
     for sid in old:
         ids.verify(sid)
     with pytest.raises(BadFeedback) as forgotten:
