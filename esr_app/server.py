@@ -219,7 +219,7 @@ class RouterServer:
             self.ext_proc.cache.use_encoder(encoder_identity(config))
         feedback = serving.engine.feedback
         if feedback is not None and isinstance(self.embedder, ModelClient):  # a pool's worker
-            feedback.shared = self.embedder.share_score
+            feedback.claim = self.embedder.claim_score
         self.ext_proc.serve(serving)
         version = config_version(config)
         if self._version is not None and self._version != version:

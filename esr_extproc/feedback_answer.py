@@ -43,8 +43,10 @@ def refused_at_headers(stream: RequestStream, feedback, end_of_stream: bool) -> 
     return None
 
 
-def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.ProcessingResponse:
-    """The answer to a score whose headers refused_at_headers let through (the token checked there)."""
+async def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.ProcessingResponse:
+    """The answer to a score whose headers refused_at_headers let through (the token checked there).
+    In a pool, the model process takes each request's score once (Feedback.claim): the same id posted
+    to two workers at once is accepted by one, refused (409) by the other."""
     feedback = current.engine.feedback if current is not None else None
     if feedback is None:  # off since the headers (a reload): nothing to fold it into
         return _refused("off", "Selection feedback is not on at this gateway.")
@@ -58,11 +60,12 @@ def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.Proces
         except ValueError:
             raise BadFeedback("bad_body", "the body is not JSON") from None
         selection_id, score = parse_feedback(body)
-        issued = feedback.fold(selection_id, score)
+        issued = feedback.ids.read(selection_id)
+        if feedback.claim is not None and await feedback.claim(issued.key, selection_id, score) is False:
+            raise BadFeedback("repeated", "this selection_id was scored already (at another worker)")
+        feedback.take(issued, score)
     except BadFeedback as bad:
         return _refused(bad.kind, f"Feedback refused: {bad}")
-    if feedback.shared is not None:
-        feedback.shared(selection_id, score)
     correction = _counted(feedback, issued, "accepted")
     answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model, "selected": issued.selected,
                          "correction": round(correction, 4)}).encode()

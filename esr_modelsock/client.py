@@ -24,6 +24,9 @@ from esr_modelsock import wire
 log = logging.getLogger(__name__)
 
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
+# How long a posted score waits for the model process to say whether another front end took it:
+# it answers from its event loop, between batches, in well under this.
+CLAIM_TIMEOUT_S = 1.0
 
 
 class _Link(wire.FramedProtocol):
@@ -41,6 +44,9 @@ class _Link(wire.FramedProtocol):
                 self._client._settle(wire.request_id_of(payload), np.frombuffer(payload, np.float32, offset=4))
             elif kind == wire.ERROR:
                 self._client._settle(*wire.error_of(payload))
+            elif kind == wire.CLAIMED:
+                request_id, taken = wire.claimed_of(payload)
+                self._client._settle(request_id, taken)
             elif kind == wire.SCORE:
                 shared = wire.score_of(payload)
                 if shared is not None:
@@ -163,11 +169,26 @@ class ModelClient:
         finally:
             self._pending.pop(request_id, None)
 
-    def share_score(self, selection_id: str, score: float) -> None:
-        """A score this front end accepted, to the pool's others (through the model process); lost
-        where the model process is not connected (each worker then learns from its own)."""
-        if self._out is not None:
-            self._out.write(wire.score_frame(selection_id, score))
+    async def claim_score(self, key: str, selection_id: str, score: float) -> bool | None:
+        """Asks the model process to take a score this front end verified (`key`: its request's): True
+        taken, and passed on to the pool's other front ends; False: another front end took that
+        request's score already. None where the model process did not answer within CLAIM_TIMEOUT_S
+        (not connected, or away): this front end decides alone, and the others do not learn of it."""
+        out = self._out
+        if out is None or self._closing:
+            return None
+        request_id = next(self._ids) & 0xFFFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        out.write(wire.claim_frame(request_id, key, selection_id, score))
+        try:
+            async with asyncio.timeout(CLAIM_TIMEOUT_S):
+                taken = await fut
+        except (TimeoutError, BatcherError):
+            return None
+        finally:
+            self._pending.pop(request_id, None)
+        return not taken
 
     def _cancel(self, request_id: int) -> None:
         if self._out is not None and request_id in self._pending:

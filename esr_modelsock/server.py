@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import json
 import logging
 import math
@@ -30,6 +31,28 @@ MAX_IN_FLIGHT = 4096  # requests one front end may have open; past it each is re
 # Scores kept for a front end that connects later: with selection feedback's default half-life (200
 # scores) and prior (20), the last 2,000 make a worker's corrections within 0.1% of the others'.
 SCORES_KEPT = 2000
+# Scores taken, remembered (as digests) to refuse a second front end the same request's score: as
+# many as a front end remembers itself (router/feedback.py SEEN), which refuses older ids as expired.
+TAKEN_KEPT = 65_536
+
+
+class Scores:
+    """The selection scores the pool's front ends took: which requests' (each once), and the last
+    SCORES_KEPT, for a front end that connects later."""
+
+    def __init__(self):
+        self.kept: collections.deque[bytes] = collections.deque(maxlen=SCORES_KEPT)  # SCORE frames
+        self._taken: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+
+    def take(self, key: str) -> bool:
+        """Whether `key` (a request's signed selection id) is taken now; False: it was already."""
+        digest = hashlib.blake2b(key.encode("ascii", "replace"), digest_size=16).digest()
+        if digest in self._taken:
+            return False
+        self._taken[digest] = None
+        if len(self._taken) > TAKEN_KEPT:
+            self._taken.popitem(last=False)
+        return True
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -68,7 +91,7 @@ class _Connection(wire.FramedProtocol):
 
     peer = "front end"
 
-    def __init__(self, batcher: ContinuousBatcher, hello: bytes, connections: set, scores: collections.deque):
+    def __init__(self, batcher: ContinuousBatcher, hello: bytes, connections: set, scores: Scores):
         super().__init__()
         self._batcher = batcher
         self._connections = connections
@@ -91,7 +114,7 @@ class _Connection(wire.FramedProtocol):
         self._connections.add(self)
         self._out = wire.FrameWriter(transport, asyncio.get_running_loop())
         self._out.write(wire.hello_frame(self._hello))
-        for frame in self._scores:  # a worker started (or restarted) now learns what the others have
+        for frame in self._scores.kept:  # a worker started (or restarted) now learns what the others have
             self._out.write(frame)
 
     def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
@@ -108,8 +131,8 @@ class _Connection(wire.FramedProtocol):
                 reply = self.replies[request_id] = _Reply(self, request_id)
                 (bulk if kind == wire.EMBED_BULK else arrived).append(
                     (raw.decode("utf-8", "surrogatepass"), now + budget, reply))
-            elif kind == wire.SCORE:
-                self._pass_on(wire.framed(wire.SCORE, payload))
+            elif kind == wire.CLAIM:
+                self._claim(payload)
             elif kind == wire.CANCEL:
                 self._submit(arrived)  # a CANCEL may name a request of this same read
                 self._submit(bulk, True)
@@ -118,10 +141,20 @@ class _Connection(wire.FramedProtocol):
         self._submit(arrived)
         self._submit(bulk, True)
 
-    def _pass_on(self, frame: bytes) -> None:
-        """A score this front end accepted: to every other front end now, and to those that connect
-        later (the last SCORES_KEPT)."""
-        self._scores.append(frame)
+    def _claim(self, payload: bytes) -> None:
+        """A score this front end verified: taken if no front end took that request's before, and
+        then passed on to every other front end now, and to those that connect later (the last
+        SCORES_KEPT)."""
+        claim = wire.claim_of(payload)
+        if claim is None:
+            return  # not of this protocol's front ends: it waits out its own timeout, then decides alone
+        request_id, key, selection_id, score = claim
+        first = self._scores.take(key)
+        self._out.write(wire.claimed_frame(request_id, taken=not first))
+        if not first:
+            return
+        frame = wire.score_frame(selection_id, score)
+        self._scores.kept.append(frame)
         for other in self._connections:
             if other is not self:
                 other._out.write(frame)
@@ -173,7 +206,7 @@ class ModelSocketServer:
         self._hello = json.dumps({**info, "pid": os.getpid()}).encode()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
-        self._scores: collections.deque[bytes] = collections.deque(maxlen=SCORES_KEPT)
+        self._scores = Scores()
 
     @property
     def in_flight(self) -> int:

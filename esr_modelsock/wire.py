@@ -7,10 +7,14 @@ vector's raw float32 bytes cost one struct call and one copy each way.
   front end -> model   EMBED   u32 id, f32 budget_s, utf-8 text    (budget: seconds left before
                                                                      the caller's deadline)
                        CANCEL  u32 id                               (the caller gave up: never compute)
+                       CLAIM   u32 id, ascii "score key selection-id"  (a selection score this front
+                                                                     end verified: take it, if no other did)
   model -> front end   HELLO   utf-8 JSON {model, dimension,        (first frame; sent once warm)
                                fingerprint, pid}
                        VECTOR  u32 id, float32 x dimension
                        ERROR   u32 id, u8 code, utf-8 message
+                       CLAIMED u32 id, u8 taken                     (1: another front end's already)
+                       SCORE   ascii "score selection-id"           (a score another front end took)
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ EMBED, CANCEL, HELLO, VECTOR, ERROR, EMBED_BULK = 1, 2, 3, 4, 5, 6  # EMBED_BULK
 # A selection score a front end accepted (router/feedback.py), passed on by the model process to the
 # other front ends: a pool's workers learn from every score, wherever it was posted.
 SCORE = 7
+# A front end asks the model process to take a score before it accepts it, so that one request's
+# score posted to two workers at once is taken once: the model process answers CLAIMED (taken or
+# not), and passes a score it takes on as SCORE.
+CLAIM, CLAIMED = 8, 9
+_CLAIMED = struct.Struct("<IBIB")  # length, kind, id, taken
 
 _HEAD = struct.Struct("<IB")  # length, kind
 _ID = struct.Struct("<I")
@@ -59,6 +68,31 @@ def embed_frame(request_id: int, budget_s: float, text: bytes, bulk: bool = Fals
 
 def score_frame(selection_id: str, score: float) -> bytes:
     return framed(SCORE, f"{score!r} {selection_id}".encode("ascii", "replace")[:4096])
+
+
+def claim_frame(request_id: int, key: str, selection_id: str, score: float) -> bytes:
+    text = f"{score!r} {key} {selection_id}".encode("ascii", "replace")[:4096]
+    return _ID_FRAME.pack(5 + len(text), CLAIM, request_id) + text
+
+
+def claim_of(payload: bytes) -> tuple[int, str, str, float] | None:
+    """(request id, key, selection id, score) from a CLAIM payload; None for one that is not."""
+    score, _, rest = payload[4:].decode("ascii", "replace").partition(" ")
+    key, _, selection_id = rest.partition(" ")
+    try:
+        return request_id_of(payload), key, selection_id, float(score)
+    except (ValueError, struct.error):
+        return None
+
+
+def claimed_frame(request_id: int, taken: bool) -> bytes:
+    return _CLAIMED.pack(6, CLAIMED, request_id, int(taken))
+
+
+def claimed_of(payload: bytes) -> tuple[int, bool]:
+    """(request id, whether another front end had taken the score already) from a CLAIMED payload."""
+    request_id, taken = struct.unpack_from("<IB", payload)
+    return request_id, bool(taken)
 
 
 def framed(kind: int, payload: bytes) -> bytes:

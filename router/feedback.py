@@ -69,7 +69,7 @@ class SelectionIds:
         self._clock = clock
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when issued
         self._forgotten_until = float("-inf")  # ids issued by then may have been scored and forgotten
-        self._names: dict[tuple[str, str], str] = {}  # (route, model) -> their part of an id: a config's few
+        self._names: dict[tuple[str, tuple[str, ...]], str] = {}  # (route, models) -> their part of an id: a config's few
 
     def issue(self, route: str, models: tuple[str, ...], predicted: list[float], first: int) -> str:
         """An id for a request whose `models` selection predicted `predicted` for, `models[first]` chosen."""
@@ -82,6 +82,12 @@ class SelectionIds:
         return f"{body}.{self._mac(body)}"
 
     def verify(self, selection_id: str) -> Issued:
+        """`read`, and the id marked scored (`mark`)."""
+        issued = self.read(selection_id)
+        self.mark(issued)
+        return issued
+
+    def read(self, selection_id: str) -> Issued:
         """The request an id was issued for, the score counted for the model that answered (where
         Envoy appended it); BadFeedback where the id is not ours, too old, or scored already, or the
         model appended is not one selection predicted for."""
@@ -109,11 +115,16 @@ class SelectionIds:
             raise BadFeedback("expired", "selection_id is older than the scores this router still remembers")
         if signed in self._seen:
             raise BadFeedback("repeated", "this selection_id was scored already")
-        self._seen[signed] = found.issued
+        return found
+
+    def mark(self, issued: Issued) -> None:
+        """Remembers a read id as scored: BadFeedback where it was meanwhile."""
+        if issued.key in self._seen:
+            raise BadFeedback("repeated", "this selection_id was scored already")
+        self._seen[issued.key] = issued.issued
         if len(self._seen) > SEEN:
             _, issued_at = self._seen.popitem(last=False)
             self._forgotten_until = max(self._forgotten_until, issued_at)
-        return found
 
     def _mac(self, body: str) -> str:
         return _b64(hashlib.blake2b(body.encode("ascii"), key=self._secret[:64], digest_size=16).digest())

@@ -19,7 +19,7 @@ import hmac
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 import numpy as np
 
@@ -106,16 +106,22 @@ class Feedback:
     token: bytes  # what they authenticate with (Authorization: Bearer ...)
     draw: Callable[[], float] = random.random
     source: tuple = ()  # (quality model, half-life, prior) the book's corrections are of
-    # Where an accepted score also goes: a pool worker's model socket, to the other workers (set by
-    # the composition root). None: this process only.
-    shared: Callable[[str, float], None] | None = None
+    # In a pool, what a posted score is claimed from before it is taken (a worker's model socket:
+    # ModelClient.claim_score; set by the composition root): (key, id, score) -> taken here (True),
+    # by another worker already (False), or no answer (None: decided here alone). None: no pool.
+    claim: Callable[[str, str, float], Awaitable[bool | None]] | None = None
 
     def fold(self, selection_id: str, score: float) -> Issued:
         """Folds a score into the corrections: BadFeedback where its id is not ours, too old, or
         scored already (here, or by another worker that shared it)."""
-        issued = self.ids.verify(selection_id)
-        self.book.add(issued.route, issued.model, issued.predicted, score)
+        issued = self.ids.read(selection_id)
+        self.take(issued, score)
         return issued
+
+    def take(self, issued: Issued, score: float) -> None:
+        """Folds the score of a read id in: BadFeedback where the id was scored meanwhile."""
+        self.ids.mark(issued)
+        self.book.add(issued.route, issued.model, issued.predicted, score)
 
     def authorized(self, authorization: str) -> bool:
         scheme, _, given = authorization.partition(" ")

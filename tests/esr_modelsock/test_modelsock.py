@@ -93,7 +93,7 @@ def test_a_front_ends_bulk_texts_give_way_to_prompts_in_the_model_process(tmp_pa
     asyncio.run(main())
 
 
-def test_a_score_one_front_end_accepted_reaches_the_others_and_those_that_connect_later(tmp_path):
+def test_a_score_one_front_end_took_reaches_the_others_and_those_that_connect_later_and_is_taken_once(tmp_path):
     async def main():
         side = await Side(tmp_path / "m.sock", FakeBackend()).start()
         heard: dict[str, list] = {"a": [], "b": [], "late": []}
@@ -105,15 +105,22 @@ def test_a_score_one_front_end_accepted_reaches_the_others_and_those_that_connec
             return client
 
         a, b = await front_end("a"), await front_end("b")
-        a.share_score("id.one", 0.25)
-        b.share_score("id.two", 1.0)
-        await until(lambda: heard["a"] == [("id.two", 1.0)] and heard["b"] == [("id.one", 0.25)])
+        assert await a.claim_score("one", "id.one", 0.25) is True
+        assert await b.claim_score("two", "id.two~served model", 1.0) is True
+        # the same request's score at both at once: one takes it, the other is told it is taken
+        both = await asyncio.gather(a.claim_score("three", "id.three", 0.5), b.claim_score("three", "id.three", 0.5))
+        assert sorted(both) == [False, True]
+        await until(lambda: len(heard["a"]) + len(heard["b"]) == 3)
+        assert ("id.two~served model", 1.0) in heard["a"] and ("id.one", 0.25) in heard["b"]
+        assert [h for h in heard["a"] + heard["b"] if h[0] == "id.three"] == [("id.three", 0.5)]
         late = await front_end("late")
-        await until(lambda: heard["late"] == [("id.one", 0.25), ("id.two", 1.0)])
-        assert heard["a"] == [("id.two", 1.0)]  # its own never comes back to it
+        await until(lambda: len(heard["late"]) == 3)
+        assert heard["late"][:2] == [("id.one", 0.25), ("id.two~served model", 1.0)]
+        assert ("id.one", 0.25) not in heard["a"]  # its own never comes back to it
+        await side.stop()  # no model process: a front end decides alone
+        assert await a.claim_score("four", "id.four", 0.5) is None
         for client in (a, b, late):
             await client.aclose()
-        await side.stop()
 
     asyncio.run(main())
 

@@ -20,7 +20,7 @@ from devstack.stack import ROOT, Stack, StackPorts
 from esr_app.routing_build import static_tier
 from esr_config import load_config
 from router.selection import QualityModel, save_quality
-from tests.support.extproc import route_once
+from tests.support.extproc import body_msg, headers_msg, route_once, send_once
 from tests.support.stack import ask, metric, scrape
 from tests.support.waiting import wait_for
 
@@ -125,6 +125,21 @@ def test_a_score_posted_to_one_worker_is_folded_in_by_the_other(pool):
     wait_for(lambda: counted("shared") - before["shared"] == posted, 10,
              "every accepted score folded in by the other worker")
     assert counted("accepted") - before["accepted"] == posted
+
+
+def test_one_requests_score_posted_to_both_workers_at_once_is_taken_once(pool):
+    """The model process takes each request's score once: of the same id posted on several
+    connections at once (the kernel deals them over both workers), one is accepted, the rest 409."""
+    def post(selection_id: str) -> int:
+        head = headers_msg("/semantic-router/feedback", extra=[("authorization", f"Bearer {FEEDBACK_TOKEN}")])
+        answer = send_once(pool.ports.router_grpc, [head, body_msg({"selection_id": selection_id, "score": 0.9})])
+        return answer.immediate_response.status.code
+
+    for i in range(6):
+        selection_id = route_once(pool.ports.router_grpc, f"solve 3x + {i} = 20")["x-semantic-selection-id"]
+        with ThreadPoolExecutor(6) as ex:
+            statuses = sorted(ex.map(post, [selection_id] * 6))
+        assert statuses == [200] + [409] * 5, statuses
 
 
 def test_a_killed_worker_is_replaced_and_requests_keep_being_answered(pool):

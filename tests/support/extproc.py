@@ -119,9 +119,12 @@ def run(coro):
 
 def route_once(port: int, prompt: str, model: str = "auto", timeout: float = 10.0) -> dict[str, str]:
     """The headers the router sets for one chat request (empty if it answered without routing)."""
-    messages = [headers_msg(), body_msg(chat(prompt, model))]
+    return set_headers(send_once(port, [headers_msg(), body_msg(chat(prompt, model))], timeout))
+
+
+def send_once(port: int, messages: list[pb.ProcessingRequest], timeout: float = 10.0) -> pb.ProcessingResponse:
+    """The router's last answer to one request's messages."""
     # A connection of its own (no subchannel shared with earlier calls): a pool's kernel hands
     # each new connection to one of its workers.
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-        responses = list(pb_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=timeout))
-    return set_headers(responses[-1])
+        return list(pb_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=timeout))[-1]
