@@ -8,8 +8,8 @@ evidence (half at `prior` scores): a model whose answers got worse loses its tra
 accumulates, not on one bad score. A small, counted share of requests (`explore`) goes to another
 capable model so that a model that lost its traffic still earns scores, and can win it back.
 
-The id is `<route>.<models>.<predicted x 10^4, each>.<index of the selected one>.<issued, epoch s>.<nonce>.<mac>`,
-names in base64url, lists comma-separated, the MAC keyed BLAKE2b of the rest under the feedback
+The id is `<route>.<models>.<predicted, each>.<index of the selected one>.<issued, epoch s>.<nonce>.<mac>`,
+names in base64url (comma-separated), predictions as float16 in hex, the MAC keyed BLAKE2b of the rest under the feedback
 token: any process of a pool can verify an id another issued, and a client cannot make one up. It
 names every model selection predicted for, so that where Envoy failed over, the score counts for
 the model that answered: Envoy appends `~<that model>` to the id on the answer (esr_app/envoy_config.py),
@@ -23,10 +23,13 @@ import base64
 import collections
 import hashlib
 import hmac
+import itertools
 import math
 import os
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 SEEN = 65_536  # ids scored recently, remembered to refuse a second score for the same request
 SERVED_SEPARATOR = "~"  # between a signed id and the model that answered (in no base64url text)
@@ -69,16 +72,18 @@ class SelectionIds:
         self._clock = clock
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when issued
         self._forgotten_until = float("-inf")  # ids issued by then may have been scored and forgotten
+        self._nonce, self._count = os.urandom(6).hex(), itertools.count()
         self._names: dict[tuple[str, tuple[str, ...]], str] = {}  # (route, models) -> their part of an id: a config's few
 
-    def issue(self, route: str, models: tuple[str, ...], predicted: list[float], first: int) -> str:
+    def issue(self, route: str, models: tuple[str, ...], predicted: np.ndarray, first: int) -> str:
         """An id for a request whose `models` selection predicted `predicted` for, `models[first]` chosen."""
         names = self._names.get((route, models))
         if names is None:
             names = self._names[(route, models)] = f"{_b64(route.encode())}.{','.join(_b64(m.encode()) for m in models)}"
-        # the nonce: two requests in one second, two ids
-        scores = ",".join(str(round(p * 10_000)) for p in predicted)
-        body = f"{names}.{scores}.{first}.{round(self._clock())}.{_b64(os.urandom(6))}"
+        # Predictions as float16 (a score's residual needs no finer; hex is the cheapest text of
+        # bytes); the nonce: two requests in one second, or two processes, two ids.
+        scores = np.asarray(predicted, dtype="<f2").tobytes().hex()
+        body = f"{names}.{scores}.{first}.{round(self._clock())}.{self._nonce}{next(self._count)}"
         return f"{body}.{self._mac(body)}"
 
     def verify(self, selection_id: str) -> Issued:
@@ -98,7 +103,9 @@ class SelectionIds:
         try:  # ours (the MAC holds): its parts are as issue() wrote them
             route, models, scores, first, issued, _ = body.split(".")
             names = [_unb64(m).decode() for m in models.split(",")]
-            predicted = [int(p) / 10_000 for p in scores.split(",")]
+            predicted = np.frombuffer(bytes.fromhex(scores), "<f2").tolist()
+            if len(predicted) != len(names):
+                raise ValueError("a prediction for each model")
             selected = names[int(first)]
             at = float(issued)
         except (ValueError, IndexError):

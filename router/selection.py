@@ -180,7 +180,7 @@ class Selector:
         # The id carries the quality model's own predictions (for each model: Envoy may fail over to
         # the next): a score's residual is measured against them, so the correction converges on the
         # model's whole error (not on what is left of it).
-        selection_id = feedback.ids.issue(route, known, raw.tolist(), first) if feedback is not None else None
+        selection_id = feedback.ids.issue(route, known, raw, first) if feedback is not None else None
         return Selected(tuple(known[i] for i in rank) + unknown, float(predicted[first]), float(prices[first]),
                         explored, selection_id)
 

@@ -53,7 +53,7 @@ def test_a_score_counts_for_the_model_that_answered_which_envoy_appends_after_a_
     ids = SelectionIds(TOKEN, max_age_s=60)
     sid = ids.issue("math", ("cheap", "dear", "dearest"), [0.8, 0.9, 0.95], 0)
     served = ids.verify(f"{sid}~dear")  # cheap failed; dear answered
-    assert (served.model, served.predicted, served.selected) == ("dear", 0.9, "cheap")
+    assert (served.model, served.selected) == ("dear", "cheap") and served.predicted == pytest.approx(0.9, abs=5e-4)
     with pytest.raises(BadFeedback) as again:  # one score per request, whichever model it names
         ids.verify(f"{sid}~dearest")
     assert again.value.kind == "repeated"
@@ -103,7 +103,7 @@ def test_scores_under_the_prediction_move_traffic_off_a_model_and_ids_carry_the_
     first = selector.order(("dear", "cheap"), v, "math")
     assert first.models == ("cheap", "dear") and first.selection_id is not None and not first.explored
     issued = selector.feedback.ids.verify(first.selection_id)
-    assert (issued.route, issued.model, issued.predicted) == ("math", "cheap", pytest.approx(0.85))
+    assert (issued.route, issued.model, issued.predicted) == ("math", "cheap", pytest.approx(0.85, abs=5e-4))
     for _ in range(40):  # cheap's answers on this route score 0.5, not 0.85
         selector.feedback.book.add("math", "cheap", 0.85, 0.5)
     assert selector.order(("dear", "cheap"), v, "math").models == ("dear", "cheap")
