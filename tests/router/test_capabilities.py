@@ -221,3 +221,22 @@ def test_vllms_guided_decoding_is_structured_output():
 def test_the_prompts_tokens_count_each_message_once():
     short = {"messages": [{"role": "user", "content": "one two three"}, {"role": "user", "content": "four five"}]}
     assert request_facts(short, CHAT).prompt_tokens == estimate_tokens("one two three") + estimate_tokens("four five")
+
+
+def test_a_selected_decision_keeps_every_field_of_the_classifiers_and_sets_only_the_choice():
+    import dataclasses
+
+    import numpy as np
+
+    from router.selection import QualityModel, Selector
+
+    quality = QualityModel(("code-model", "small-model"), np.array([[0.0, 0.9], [0.0, 0.85]]), np.zeros(2), 0.1)
+    selector = Selector(quality, "cheapest_meeting_floor", {"code-model": 10.0, "small-model": 1.0}, 0.8, None, 0.0)
+    given = Decision("code", "code-model", 0.7, "matched", confidence=0.6, tier="static")
+    got = ModelChoice(config(), selector).choose(given, RequestFacts(), np.zeros(1), static=False)
+    chosen = {"model", "chain", "skipped", "predicted_quality", "price", "selection_id"}
+    assert got.model == "small-model" and got.chain == ("small-model", "code-model", "general-model")
+    assert got.predicted_quality == pytest.approx(0.85) and got.price == 1.0
+    for field in dataclasses.fields(Decision):  # a field added later is carried, or listed above
+        if field.name not in chosen:
+            assert getattr(got, field.name) == getattr(given, field.name), field.name
