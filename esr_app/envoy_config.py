@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import itertools
+import re
 from typing import Any
 
 import yaml
@@ -171,12 +172,11 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
     attempts = {"header": {"key": ATTEMPTS, "value": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"},
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
     routes: list[dict[str, Any]] = [
-        {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}},
-                                      {"name": ROUTE, "string_match": {"exact": route}}],
+        {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}}, *_one_of(ROUTE, names)],
                    "dynamic_metadata": [DECIDED]},
          "route": {"cluster": chain_cluster(chain), "timeout": upstream,
                    "retry_policy": _retry_policy(chain, timeout, idempotent)}}
-        for route, chain, timeout, idempotent in failover_chains(config)
+        for names, chain, timeout, idempotent in failover_chains(config)
     ]
     routes += [
         {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}], "dynamic_metadata": [DECIDED]},
@@ -254,20 +254,36 @@ def _attributed(chain_route: dict) -> dict:
     return twin
 
 
-def failover_chains(config: RouterConfig) -> list[tuple[str, tuple[str, ...], float | None, bool]]:
-    """(route, chain, header timeout, idempotent) for every chain the router may name for a route:
-    each subset of two up to failover.max_attempts of its ranked models (the capable ones of a
-    request, router/capabilities.py), in their ranked order; with model selection, in every order
-    (selection ranks a request's capable models by their predicted quality and price). The route's
-    header timeout and idempotency go with it."""
-    out = []
+def failover_chains(config: RouterConfig) -> list[tuple[tuple[str, ...], tuple[str, ...], float | None, bool]]:
+    """(routes, chain, header timeout, idempotent) for every chain the router may name: each subset of
+    two up to failover.max_attempts of a route's ranked models (the capable ones of a request,
+    router/capabilities.py), in their ranked order; with model selection, in every order (selection
+    ranks a request's capable models by their predicted quality and price). A chain is rendered once
+    for the routes that fail over alike (the same header timeout and idempotency): `routes` names
+    them, or is empty for those of the config's defaults, which come last (any route matches them)."""
     attempts = config.failover.max_attempts
     ordered = itertools.permutations if config.selection.path is not None else itertools.combinations
+    default = (config.failover.header_timeout_ms, False)
+    policies: dict[tuple[float | None, bool], dict[tuple[str, ...], list[str]]] = {default: {}}
     for route in config.ranked_routes:
         timeout = route.header_timeout_ms if route.header_timeout_ms is not None else config.failover.header_timeout_ms
+        chains = policies.setdefault((timeout, route.idempotent), {})
         for size in range(2, min(attempts, len(route.models)) + 1):
-            out += [(route.name, chain, timeout, route.idempotent) for chain in ordered(route.models, size)]
-    return out
+            for chain in ordered(route.models, size):
+                chains.setdefault(chain, []).append(route.name)
+    shared = policies.pop(default)
+    return [(tuple(names), chain, timeout, idempotent)
+            for (timeout, idempotent), chains in policies.items() for chain, names in chains.items()] + \
+        [((), chain, *default) for chain in shared]
+
+
+def _one_of(header: str, values: tuple[str, ...]) -> list[dict]:
+    """A route match on `header` being one of `values`; none where `values` is empty (any)."""
+    if not values:
+        return []
+    if len(values) == 1:
+        return [{"name": header, "string_match": {"exact": values[0]}}]
+    return [{"name": header, "string_match": {"safe_regex": {"regex": "|".join(re.escape(v) for v in values)}}}]
 
 
 def chain_cluster(chain: tuple[str, ...]) -> str:

@@ -210,15 +210,17 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
     routes = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
         "route_config"]["virtual_hosts"][0]["routes"]
     chained = [r for r in routes if r.get("route", {}).get("cluster", "").startswith("failover:")]
-    by_route = {(h[1]["string_match"]["exact"], h[0]["string_match"]["exact"]): r["route"]
+    # a route with its own header timeout matches its name; the routes of the defaults share theirs ("*")
+    by_route = {(h[1]["string_match"]["exact"] if len(h) > 1 else "*", h[0]["string_match"]["exact"]): r["route"]
                 for r in chained for h in [r["match"]["headers"]]}
-    assert set(by_route) == {("math", "math-model,general-model"), ("code", "code-model,math-model,general-model"),
+    assert set(by_route) == {("*", "math-model,general-model"), ("code", "code-model,math-model,general-model"),
                              ("code", "code-model,math-model"), ("code", "code-model,general-model"),
                              ("code", "math-model,general-model")}
+    assert list(by_route)[-1] == ("*", "math-model,general-model")  # after every route's own
     code = by_route[("code", "code-model,math-model,general-model")]["retry_policy"]
     assert code["num_retries"] == 2 and code["per_try_timeout"] == "2.000s"
     assert code["retriable_status_codes"] == [429, 500, 502, 503]
-    assert "per_try_timeout" not in by_route[("math", "math-model,general-model")]["retry_policy"]
+    assert "per_try_timeout" not in by_route[("*", "math-model,general-model")]["retry_policy"]
     assert routes.index(chained[-1]) < min(i for i, r in enumerate(routes) if r.get("route", {}).get("cluster") == "math-model")
     # every failed try goes to the router's access-log service, with its endpoint's model
     (log,) = http_filters(doc)["envoy.filters.http.router"]["typed_config"]["upstream_log"]
@@ -228,6 +230,24 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
     path = tmp_path / "envoy.yaml"
     path.write_text(render_yaml(_ranked(tmp_path)))
     envoy_validate(path)
+
+
+def test_with_selection_every_order_is_a_chain_and_routes_that_fail_over_alike_share_one(tmp_path):
+    _ranked(tmp_path)
+    source = yaml.safe_load((tmp_path / "ranked.yaml").read_text())
+    source["routes"][0].update(header_timeout_ms=2000)  # math now fails over as code does
+    source["selection"] = {"path": str(tmp_path / "q.npz"), "prices": {}}
+    (tmp_path / "selected.yaml").write_text(yaml.safe_dump(source))
+    routes = render(load_config(tmp_path / "selected.yaml"))["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    chained = {r["match"]["headers"][0]["string_match"]["exact"]: r["match"]["headers"][1:]
+               for r in routes if r.get("route", {}).get("cluster", "").startswith("failover:")}
+    # selection may put general-model first: its order is a chain too
+    assert {"general-model,math-model", "math-model,general-model", "general-model,code-model,math-model"} <= set(chained)
+    both = {"string_match": {"safe_regex": {"regex": "math|code"}}, "name": "x-semantic-route"}
+    assert chained["general-model,math-model"] == [both]  # one route for both, by name
+    assert chained["general-model,code-model"] == [{"name": "x-semantic-route", "string_match": {"exact": "code"}}]
+    assert len(chained) == 6 + 6  # code's 3·2 pairs and 3! triples; math's 2 pairs among them, shared
 
 
 def test_a_timed_out_try_runs_again_only_on_an_idempotent_route(tmp_path):
