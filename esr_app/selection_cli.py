@@ -1,4 +1,5 @@
-"""`semantic-router select-fit`: model selection fitted on a team's eval rows, written beside the config."""
+"""`semantic-router select-fit`: model selection fitted on a team's eval rows (and the scores selection
+feedback recorded), written beside the config."""
 
 from __future__ import annotations
 
@@ -7,32 +8,45 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from esr_config import ConfigError, leading_comments, load_or_exit, write_config
 from esr_settings import replace_at
+
+MIN_SCORED = 50  # prompts a model must have been scored on: fewer say little of how it does
 
 
 def cmd_select_fit(args: argparse.Namespace) -> int:
     from esr_app.quality_cli import offline
     from esr_app.routing_build import static_tier
     from esr_tuning.evaluation import routed_texts_of
-    from esr_tuning.score_matrix import matrix, read_rows
+    from esr_tuning.feedback_rows import feedback_rows
+    from esr_tuning.score_matrix import matrix, read_rows, with_observed
     from esr_tuning.selection_fit import fit_quality
     from router.selection import save_quality
 
     config = load_or_exit(args.config)
+    if args.rows is None and not args.records:
+        print("error: give --rows (eval rows), --records (decision records with selection feedback's scores), "
+              "or both", file=sys.stderr)
+        return 2
     try:
-        rows = read_rows(args.rows)
+        rows = read_rows(args.rows) if args.rows is not None else []
+        scored, counts = feedback_rows(args.records or [])
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    scores = matrix(rows, {**config.selection.prices})
+    scores = with_observed(matrix(rows, {**config.selection.prices}), scored)
+    where = " and ".join(str(p) for p in [args.rows, *(args.records or [])] if p is not None)
     unknown = [m for m in scores.models if m not in config.backend_models]
     if unknown:
-        print(f"error: {args.rows}: models {unknown} are no route's model in {args.config}", file=sys.stderr)
+        print(f"error: {where}: models {unknown} are no route's model in {args.config}", file=sys.stderr)
         return 2
-    if len(scores.prompts) < 50:
-        print(f"error: {args.rows}: {len(scores.prompts)} prompts scored on every model; at least 50 are needed",
-              file=sys.stderr)
+    seen = (~np.isnan(scores.scores)).sum(axis=0)
+    few = {m: int(n) for m, n in zip(scores.models, seen) if n < MIN_SCORED}
+    if len(scores.models) < 2 or few:
+        print(f"error: {where}: each model needs {MIN_SCORED} prompts scored or more (two models at least); "
+              f"{few or scores.models}", file=sys.stderr)
         return 2
     encoder, _ = offline(config)
     texts = routed_texts_of(config, scores.prompts)
@@ -53,8 +67,10 @@ def cmd_select_fit(args: argparse.Namespace) -> int:
         return 2
     save_quality(quality, str(path), config.encoder.model)
     write_config(fitted, out, leading_comments(args.config))
-    means = scores.scores.mean(axis=0)
-    print(f"{len(scores.prompts)} prompts x {len(scores.models)} models; alpha {args.alpha}")
+    means = np.nanmean(scores.scores, axis=0)
+    print(f"{len(scores.prompts) - len(scored)} prompts x {len(scores.models)} models from eval rows; "
+          f"{len(scored)} scores from records" + (f" ({dict(sorted(counts.items()))})" if args.records else "")
+          + f"; alpha {args.alpha}")
     static_margins = quality.static.margins if quality.static is not None else [None] * len(scores.models)
     print(f"{'model':24} {'mean score':>10} {'margin':>8} {'static':>8} {'price':>10}")
     for m, mean, margin, margin_static in zip(scores.models, means, quality.margins, static_margins):
@@ -127,7 +143,10 @@ def add_parser(sub) -> None:
     sf = sub.add_parser("select-fit", help="fit model selection (quality by price) on eval rows: "
                         '{"prompt", "model", "score" 0..1, "cost"?} per line (docs/model-selection.md)')
     sf.add_argument("--config", type=Path, required=True)
-    sf.add_argument("--rows", type=Path, required=True, help="JSONL score rows")
+    sf.add_argument("--rows", type=Path, help="JSONL score rows")
+    sf.add_argument("--records", type=Path, nargs="+",
+                    help="decision records (records.prompts on) holding selection feedback's scores: each score "
+                         "a row for the model that answered")
     sf.add_argument("--out", type=Path, required=True, help="the config to write (its quality model beside it)")
     sf.add_argument("--alpha", type=float, default=0.1,
                     help="the share of requests allowed under the floor where the floor is predicted met")

@@ -51,7 +51,7 @@ async def decide(stream: RequestStream, current: Serving | None, bodies: BodyPar
     refused, or from the response cache), recorded; a score for selection feedback is answered by
     the router itself."""
     if stream.feedback_call:
-        return await feedback_answer(stream, current)
+        return await feedback_answer(stream, current, records)
     started = time.perf_counter()
     if current is None:  # model still loading: let Envoy's default route take it
         metrics.REQUESTS.labels("not_ready").inc()

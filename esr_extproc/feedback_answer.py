@@ -1,5 +1,6 @@
 """The router's own answer to a score posted to selection's feedback path (router/feedback.py):
-authenticated, checked, folded into this process's corrections, acknowledged. Never routed."""
+authenticated, checked, folded into this process's corrections, recorded (where decision records
+are on), acknowledged. Never routed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from esr_extproc import replies
+from esr_extproc.records import DecisionRecorder, score_record
 from esr_extproc.serving import Serving
 from esr_extproc.stream import RequestStream
 from filters.builtin import openai_error
@@ -43,7 +45,8 @@ def refused_at_headers(stream: RequestStream, feedback, end_of_stream: bool) -> 
     return None
 
 
-async def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.ProcessingResponse:
+async def feedback_answer(stream: RequestStream, current: Serving | None,
+                          records: DecisionRecorder | None = None) -> pb.ProcessingResponse:
     """The answer to a score whose headers refused_at_headers let through (the token checked there).
     In a pool, the model process takes each request's score once (Feedback.claim): the same id posted
     to two workers at once is accepted by one, refused (409) by the other."""
@@ -66,6 +69,8 @@ async def feedback_answer(stream: RequestStream, current: Serving | None) -> pb.
         feedback.take(issued, score)
     except BadFeedback as bad:
         return _refused(bad.kind, f"Feedback refused: {bad}")
+    if records is not None:  # beside its request's record: select-fit --records learns from both
+        records.record(score_record(issued.key, issued.route, issued.model, issued.selected, score))
     correction = _counted(feedback, issued, "accepted")
     answer = json.dumps({"accepted": True, "route": issued.route, "model": issued.model, "selected": issued.selected,
                          "correction": round(correction, 4)}).encode()

@@ -84,11 +84,20 @@ def decision_record(ctx: RequestContext, decision: Decision, tenant: str, cache:
         out["skipped"] = list(decision.skipped)
     if decision.predicted_quality is not None:
         out["predicted_quality"], out["price"] = round(decision.predicted_quality, 4), decision.price
+    if decision.selection_id is not None:
+        out["selection_id"] = decision.selection_id
     if ctx.unread is not None:
         out["unread"] = ctx.unread
     if ctx.immediate is not None:
         out["blocked"] = ctx.immediate.status
     return out
+
+
+def score_record(key: str, route: str, model: str, selected: str, score: float) -> dict[str, Any]:
+    """A record of a score selection feedback accepted (router/feedback.py): `key` is the signed
+    selection id its request's record carries, so `select-fit --records` can join the two."""
+    return {"kind": "score", "selection_id": key, "route": route, "model": model, "selected": selected,
+            "score": score}
 
 
 class DecisionRecorder:

@@ -55,6 +55,9 @@ def read_records(path: str | Path, lenient: bool = False) -> tuple[list[Recorded
                 continue
             try:
                 row = json.loads(line)
+                if row.get("kind") == "score":  # a score selection feedback took (select-fit --records)
+                    left_out["score"] += 1
+                    continue
                 reason = row["reason"]
                 if "blocked" in row:
                     left_out["blocked"] += 1

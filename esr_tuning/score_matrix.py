@@ -39,7 +39,8 @@ class ScoreRow:
 
 @dataclass(frozen=True)
 class ScoreMatrix:
-    """Prompts x models: every model's score on every prompt (rows missing a pair are dropped)."""
+    """Prompts x models: every model's score on every prompt (rows missing a pair are dropped), or
+    NaN where a model was not scored on a prompt (with_observed)."""
 
     prompts: list[str]
     models: list[str]
@@ -83,6 +84,19 @@ def matrix(rows: Sequence[ScoreRow], prices: dict[str, float] | None = None) -> 
     scores = np.asarray([[by_prompt[p][m] for m in models] for p in prompts], dtype=np.float64)
     costs = np.asarray([np.mean(spent[m]) if spent[m] else (prices or {}).get(m, 1.0) for m in models])
     return ScoreMatrix(prompts, models, scores, costs)
+
+
+def with_observed(base: ScoreMatrix, rows: Sequence[ScoreRow]) -> ScoreMatrix:
+    """`base` and a row of its own for each of `rows` (a prompt scored on one model: selection
+    feedback), the other models' scores unknown (NaN); a model only `rows` name is added, unknown
+    on `base`'s prompts. Costs stay `base`'s (1 for an added model: a config's price overrides it)."""
+    models = base.models + [m for m in dict.fromkeys(r.model for r in rows) if m not in base.models]
+    scores = np.full((len(base.prompts) + len(rows), len(models)), np.nan)
+    scores[: len(base.prompts), : len(base.models)] = base.scores
+    for i, r in enumerate(rows, len(base.prompts)):
+        scores[i, models.index(r.model)] = r.score
+    costs = np.concatenate([base.costs, np.ones(len(models) - len(base.models))])
+    return ScoreMatrix(base.prompts + [r.prompt for r in rows], models, scores, costs)
 
 
 # Price per request relative to the cheapest; how good each is overall; how far its competence

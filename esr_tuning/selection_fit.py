@@ -51,11 +51,22 @@ def margins(predicted: np.ndarray, scores: np.ndarray, alpha: float) -> np.ndarr
 def fit_quality(models: list[str], vectors: np.ndarray, scores: np.ndarray, alpha: float = 0.1,
                 calibration: float = 0.25, l2: float = 1.0, seed: int = 0) -> QualityModel:
     """Ridge on a share of the rows, margins on the rest (`calibration`), then ridge again on all:
-    the margins are those of a predictor fitted on less, so a little wide, never narrow."""
+    the margins are those of a predictor fitted on less, so a little wide, never narrow. A NaN in
+    `scores` is a prompt that model was not scored on: each model learns from the rows it was."""
     order = np.random.default_rng(seed).permutation(len(vectors))
     cut = int(len(order) * (1 - calibration))
     fit_rows, cal_rows = order[:cut], order[cut:]
-    first = ridge(vectors[fit_rows], scores[fit_rows], l2)
-    x_cal = np.hstack([vectors[cal_rows], np.ones((len(cal_rows), 1))])
-    fitted_margins = margins(x_cal @ first.T, scores[cal_rows], alpha)
-    return QualityModel(tuple(models), ridge(vectors, scores, l2), fitted_margins, alpha)
+    if not np.isnan(scores).any():
+        first = ridge(vectors[fit_rows], scores[fit_rows], l2)
+        x_cal = np.hstack([vectors[cal_rows], np.ones((len(cal_rows), 1))])
+        fitted_margins = margins(x_cal @ first.T, scores[cal_rows], alpha)
+        return QualityModel(tuple(models), ridge(vectors, scores, l2), fitted_margins, alpha)
+    weights, fitted = [], []
+    for m in range(len(models)):  # a model at a time, on its own rows
+        seen = ~np.isnan(scores[:, m])
+        fit_m, cal_m = fit_rows[seen[fit_rows]], cal_rows[seen[cal_rows]]
+        first = ridge(vectors[fit_m], scores[fit_m, m:m + 1], l2)
+        x_cal = np.hstack([vectors[cal_m], np.ones((len(cal_m), 1))])
+        fitted.append(margins(x_cal @ first.T, scores[cal_m, m:m + 1], alpha)[0])
+        weights.append(ridge(vectors[seen], scores[seen, m:m + 1], l2)[0])
+    return QualityModel(tuple(models), np.stack(weights), np.asarray(fitted), alpha)

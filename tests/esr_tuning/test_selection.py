@@ -214,3 +214,37 @@ def test_select_eval_draws_the_quality_cost_curve_against_single_models_and_the_
     refused = subprocess.run([*run, "select-eval", "--config", str(config), "--rows", str(tmp_path / "held.jsonl")],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "selection.path is not set" in refused.stderr
+
+
+def test_scores_feedback_recorded_join_their_requests_records_as_rows(tmp_path):
+    from esr_tuning.feedback_rows import feedback_rows
+    from esr_tuning.replay import read_records
+
+    lines = [
+        {"route": "math", "model": "cheap", "reason": "matched", "confidence": 0.9, "selection_id": "a.1",
+         "texts": ["hello", "solve 2x = 4"]},
+        {"kind": "score", "selection_id": "a.1", "route": "math", "model": "dear", "selected": "cheap", "score": 0.4},
+        {"kind": "score", "selection_id": "b.2", "route": "math", "model": "cheap", "selected": "cheap", "score": 1.0},
+        {"route": "math", "model": "cheap", "reason": "matched", "confidence": 0.9, "selection_id": "c.3"},
+        {"kind": "score", "selection_id": "c.3", "route": "math", "model": "cheap", "selected": "cheap", "score": 0.2},
+    ]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "score", "selection_id": "x.9"\n')
+    rows, counts = feedback_rows([path])
+    # the model that answered (after a failover, not the selected one), on the request's newest text
+    assert rows == [ScoreRow("solve 2x = 4", "dear", 0.4)]
+    assert counts == {"joined": 1, "no_request": 1, "no_texts": 1, "malformed": 1}
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records, left_out = read_records(path)  # replay and the refit leave the scores out, counted
+    assert len(records) == 1 and left_out["score"] == 3
+
+
+def test_a_model_scored_on_some_prompts_only_learns_from_those():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(400, 8))
+    scores = np.column_stack([np.full(400, 0.9), np.full(400, np.nan)])
+    scores[::2, 1] = 0.3  # the second model scored on half the prompts
+    quality = fit_quality(["a", "b"], vectors, scores, alpha=0.1)
+    predicted = quality.weights[:, :-1] @ vectors[1] + quality.weights[:, -1]
+    assert predicted == pytest.approx([0.9, 0.3], abs=0.02)
+    assert np.all(np.isfinite(quality.margins))

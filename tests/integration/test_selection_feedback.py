@@ -6,6 +6,10 @@ one request are refused, each with its status and counted."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -14,8 +18,10 @@ import pytest
 from devstack.stack import stack_with
 from esr_app.routing_build import static_tier
 from esr_config import load_config
-from router.selection import QualityModel, save_quality
+from esr_app.quality_cli import offline
+from router.selection import QualityModel, load_quality, save_quality
 from tests.support import ROOT
+from tests.support.waiting import wait_for
 
 TOKEN = "feedback-token-for-the-integration-test"
 PROMPT = "solve the equation 2x + 3 = 7 for x"
@@ -39,6 +45,7 @@ def stack(tmp_path_factory, envoy_binary):
     def selecting(config: dict) -> None:
         math = next(r for r in config["routes"] if r["name"] == "math")
         math["models"] = ["math-model", "general-model"]
+        config["records"] = {"enabled": True, "prompts": True, "path": str(workdir / "records.jsonl")}
         config["selection"] = {"path": str(workdir / "quality.npz"), "quality_floor": 0.8,
                                "prices": {"general-model": 1, "math-model": 10},
                                "feedback": {"enabled": True, "explore": 0.0, "prior": 2, "half_life": 10}}
@@ -134,3 +141,33 @@ def test_a_client_cannot_send_its_own_selection_id_upstream(stack):
                    headers={"x-semantic-selection-id": "made.up.id"},
                    json={"model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
     assert r.status_code == 200 and r.headers["x-semantic-selection-id"] != "made.up.id"
+
+
+def test_the_recorded_scores_refit_selection_beside_the_eval_rows(stack, tmp_path):
+    """The loop after deploy: the router records each score it took beside its request's record;
+    select-fit --records learns from them with the team's eval rows. The earlier tests' scores of 0.3
+    for general-model's answers on this route lower its predicted score there."""
+    records = stack.router_config.parent / "records.jsonl"
+
+    def scores_recorded() -> int:
+        lines = [json.loads(x) for x in records.read_text().splitlines() if x.strip()] if records.exists() else []
+        return sum(x.get("kind") == "score" for x in lines)
+
+    wait_for(lambda: scores_recorded() >= 3, 10, "the scores taken, recorded")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"what is {i} plus {i + 3}", "model": m, "score": s}) + "\n"
+                            for i in range(60) for m, s in (("general-model", 0.85), ("math-model", 0.95))))
+
+    def fitted(*more: str) -> float:
+        out = tmp_path / f"fitted{len(more)}.yaml"
+        done = subprocess.run([sys.executable, "-m", "esr_app", "select-fit", "--config", str(stack.router_config),
+                               "--rows", str(rows), *more, "--out", str(out)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "SEMANTIC_ROUTER_FEEDBACK_TOKEN": TOKEN})
+        assert done.returncode == 0, done.stderr
+        if more:
+            assert "scores from records ({'joined': " in done.stdout, done.stdout
+        quality = load_quality(str(out.with_suffix(".quality.npz")))
+        vector = offline(load_config(stack.router_config))[0].encode([PROMPT])[0]
+        return float(quality.weights[0, :-1] @ vector + quality.weights[0, -1])  # general-model's
+
+    assert fitted("--records", str(records)) < fitted() - 0.05
