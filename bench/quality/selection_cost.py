@@ -5,7 +5,7 @@ directly, driven by wrk at c64; the router's CPU per routed request from /proc; 
 each variant against `off` in the same trial (paired), the mean difference with a bootstrap 95%
 interval.
 
-    python -m bench.quality.selection_cost [--trials 8] [--seconds 6] [--out result.json]
+    python -m bench.quality.selection_cost [--trials 8] [--seconds 6] [--variants off selection ...] [--out result.json]
 
 The prompts are router.yaml's utterances made unique ("<utterance> for case <n>"), kept where the
 static tier decides them, by the code the server runs (~95%): selection's work is the same whichever
@@ -35,6 +35,7 @@ from router.selection import QualityModel, save_quality
 
 MODELS = ("general-model", "math-model", "code-model", "small-model", "large-model")
 TOKEN = "selection-cost-bench-token-0123456789"
+VARIANTS = ("off", "selection", "selection+feedback")
 COLUMNS = ("variant", "trial", "scenario", "throughput_rps", "goodput_rps", "p50_ms", "p99_ms", "cpu_ms_per_request")
 
 
@@ -64,11 +65,11 @@ def statically_decided(config, n: int, seed: int = 7) -> list[str]:
     return out
 
 
-def paired(rows: list[dict], variant: str, seed: int = 0) -> dict:
-    """The variant's CPU per routed request less off's, trial by trial: mean and bootstrap 95% interval."""
+def paired(rows: list[dict], variant: str, base: str = "off", seed: int = 0) -> dict:
+    """The variant's CPU per routed request less `base`'s, trial by trial: mean and bootstrap 95% interval."""
     by_trial = {(r["variant"], r["trial"]): r["cpu_ms_per_request"] for r in rows}
-    diffs = np.asarray([by_trial[(variant, t)] - by_trial[("off", t)]
-                        for (v, t) in by_trial if v == variant and ("off", t) in by_trial])
+    diffs = np.asarray([by_trial[(variant, t)] - by_trial[(base, t)]
+                        for (v, t) in by_trial if v == variant and (base, t) in by_trial])
     means = np.random.default_rng(seed).choice(diffs, (10_000, len(diffs))).mean(axis=1)
     return {"mean_ms": round(float(diffs.mean()), 4), "low_ms": round(float(np.percentile(means, 2.5)), 4),
             "high_ms": round(float(np.percentile(means, 97.5)), 4), "trials": len(diffs)}
@@ -79,6 +80,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="the first is what the others are paired with")
     p.add_argument("--out")
     args = p.parse_args()
     workdir = wrk_workdir("selection-cost")
@@ -94,9 +97,10 @@ def main() -> None:
         route["models"] = [first, *(m for m in MODELS if m != first)]
     selection = {"path": str(workdir / "quality.npz"), "quality_floor": 0.8,
                  "prices": {m: float(i + 1) for i, m in enumerate(MODELS)}}
-    variants = {"off": raw,
-                "selection": {**raw, "selection": selection},
-                "selection+feedback": {**raw, "selection": {**selection, "feedback": {"enabled": True}}}}
+    every = {"off": raw,
+             "selection": {**raw, "selection": selection},
+             "selection+feedback": {**raw, "selection": {**selection, "feedback": {"enabled": True}}}}
+    variants = {name: every[name] for name in args.variants}
     os.environ["SEMANTIC_ROUTER_FEEDBACK_TOKEN"] = TOKEN  # the routers inherit it
     stacks = {}
     rows = []
@@ -124,9 +128,10 @@ def main() -> None:
         stop_stacks(stacks)
 
     checks = {}
-    for v in ("selection", "selection+feedback"):
-        d = paired(rows, v)
-        checks[f"router CPU per routed request, {v} - off (target <= 0.05 ms, the interval's top)"] = {
+    base = args.variants[0]
+    for v in args.variants[1:]:
+        d = paired(rows, v, base)
+        checks[f"router CPU per routed request, {v} - {base} (target <= 0.05 ms, the interval's top)"] = {
             "ok": d["high_ms"] <= 0.05,
             "detail": f"{d['mean_ms']:+.3f} ms, 95% interval {d['low_ms']:+.3f} to {d['high_ms']:+.3f} "
                       f"({d['trials']} paired trials at c{args.concurrency})", **d}
