@@ -4,6 +4,7 @@ scores posted back -> traffic moves when a model gets worse.
     python examples/selection/demo.py build                  # rows, then select-fit: build/selection/
     SEMANTIC_ROUTER_FEEDBACK_TOKEN=demo-feedback-token-0123 make run CONFIG=build/selection/fitted.yaml
     python examples/selection/demo.py traffic [--requests 600] [--degrade-at 300]
+    python examples/selection/demo.py refit                  # select-fit on rows + recorded scores, replay
 
 The mock backends answer anything; what an answer is worth comes from GRADES below, the stand-in for
 a team's grader: general-model (1/8 of math-model's price) answers math as well as it needs to and
@@ -11,7 +12,8 @@ code badly; math-model and code-model do their own topics best. Selection sends 
 model and code to code-model. `traffic` sends the held-out prompts, grades each answer by the model
 that gave it, posts the score with the answer's x-semantic-selection-id, and prints per window the
 cheap model's share of the math and code routes, the mean score and the spend. From --degrade-at on,
-general-model's answers score half: its share of math falls as the scores come in.
+general-model's answers score half: its share of math falls as the scores come in. `refit` fits the
+selector again on the rows and the scores the router recorded, and replays the records through it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "selection"
+RECORDS = OUT / "records.jsonl"
 PRICES = {"general-model": 1.0, "math-model": 8.0, "code-model": 10.0}
 TOKEN_ENV = "SEMANTIC_ROUTER_FEEDBACK_TOKEN"
 DEMO_TOKEN = "demo-feedback-token-0123"
@@ -65,10 +68,28 @@ def build() -> int:
     # Feedback on (it corrects the quality model select-fit just wrote), quick to react for a demo.
     served = yaml.safe_load(fitted.read_text())
     served["selection"]["feedback"] = {"enabled": True, "token_env": TOKEN_ENV, "prior": 5, "half_life": 50}
+    # Records with their texts: each selected request and each score taken, for `refit`.
+    served["records"] = {"enabled": True, "prompts": True, "path": str(RECORDS)}
     fitted.write_text(yaml.safe_dump(served, sort_keys=False))
     print(f"now: {TOKEN_ENV}={DEMO_TOKEN} make run CONFIG={fitted.relative_to(ROOT)}\n"
           f"then: python examples/selection/demo.py traffic")
     return 0
+
+
+def refit() -> int:
+    """select-fit again on the eval rows and the scores the router recorded, then replay's gate on
+    the same records: what the refitted selector would change."""
+    if not RECORDS.exists():
+        print(f"no {RECORDS.relative_to(ROOT)}: run build, make run and traffic first", file=sys.stderr)
+        return 2
+    refitted = OUT / "refit.yaml"
+    done = subprocess.call([sys.executable, "-m", "esr_app", "select-fit", "--config", str(OUT / "fitted.yaml"),
+                            "--rows", str(OUT / "rows.jsonl"), "--records", str(RECORDS), "--out", str(refitted)],
+                           cwd=ROOT)
+    if done != 0:
+        return done
+    return subprocess.call([sys.executable, "-m", "esr_app", "replay", "--config", str(refitted), "--records",
+                            str(RECORDS)], cwd=ROOT)
 
 
 def traffic(gateway: str, requests: int, degrade_at: int, window: int) -> int:
@@ -85,7 +106,8 @@ def traffic(gateway: str, requests: int, degrade_at: int, window: int) -> int:
         for n in range(requests):
             row = prompts[n % len(prompts)]
             r = client.post("/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user", "content": row["text"]}]})
-            model, selection_id = r.headers.get("x-selected-model", ""), r.headers.get("x-semantic-selection-id")
+            model = r.headers.get("x-semantic-route-served-model") or r.headers.get("x-selected-model", "")
+            selection_id = r.headers.get("x-semantic-selection-id")
             score = grade(model, row["label"]) if model in PRICES else 0.0
             if model == "general-model" and n >= degrade_at:
                 score /= 2  # the cheap model got worse
@@ -115,9 +137,12 @@ def main() -> int:
     t.add_argument("--requests", type=int, default=600)
     t.add_argument("--degrade-at", type=int, default=300)
     t.add_argument("--window", type=int, default=50)
+    sub.add_parser("refit", help="select-fit on the eval rows and the recorded scores, then replay's gate")
     args = p.parse_args()
     if args.command == "build":
         return build()
+    if args.command == "refit":
+        return refit()
     return traffic(args.gateway, args.requests, args.degrade_at, args.window)
 
 
