@@ -152,10 +152,7 @@ class ModelClient:
             # refused for this request alone, as the model process would: a frame over MAX_FRAME
             # would make it drop the socket every front-end request shares
             raise BatcherError(f"model process: text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
-        request_id = next(self._ids) & 0xFFFFFFFF
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = fut
-        out.write(wire.embed_frame(request_id, budget, raw, bulk))
+        request_id, fut = self._ask(out, lambda rid: wire.embed_frame(rid, budget, raw, bulk))
         try:
             async with asyncio.timeout_at(deadline):
                 with self.call_span("semantic_router.model_socket") if self.call_span else contextlib.nullcontext():
@@ -177,10 +174,7 @@ class ModelClient:
         out = self._out
         if out is None or self._closing:
             return None
-        request_id = next(self._ids) & 0xFFFFFFFF
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = fut
-        out.write(wire.claim_frame(request_id, key, selection_id, score))
+        request_id, fut = self._ask(out, lambda rid: wire.claim_frame(rid, key, selection_id, score))
         try:
             async with asyncio.timeout(CLAIM_TIMEOUT_S):
                 taken = await fut
@@ -189,6 +183,14 @@ class ModelClient:
         finally:
             self._pending.pop(request_id, None)
         return not taken
+
+    def _ask(self, out: wire.FrameWriter, frame: Callable[[int], bytes]) -> tuple[int, asyncio.Future]:
+        """Sends the frame of a new request id, its answer awaited in `_pending` (`_settle`)."""
+        request_id = next(self._ids) & 0xFFFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        out.write(frame(request_id))
+        return request_id, fut
 
     def _cancel(self, request_id: int) -> None:
         if self._out is not None and request_id in self._pending:
