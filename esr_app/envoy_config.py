@@ -178,12 +178,13 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
                    "retry_policy": _retry_policy(chain, timeout, idempotent)}}
         for names, chain, timeout, idempotent in failover_chains(config)
     ]
+    chained = len(routes)
     routes += [
         {"match": {**llm, "headers": [{"name": on, "string_match": {"exact": b.model}}], "dynamic_metadata": [DECIDED]},
          "route": {"cluster": b.model, "timeout": upstream}}
         for b in backends
     ]
-    chained = len(routes)
+    undecided = len(routes)
     if config.envoy.reads_pinned_model and not config.refuses_undecided:
         # Where the router chose nothing (it shed the request at its headers, failed or is down), a
         # body that names a backend model still reaches it (_pinned_model_reader); the rest, the default.
@@ -197,7 +198,6 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
         routes.append({"match": llm, **_json_reply(503, UNDECIDED_REFUSED, {"retry-after": "1"})})
     else:
         routes.append({"match": llm, "route": default})
-    undecided = chained + len(backends)
     for r in routes:  # what answered, and after how many tries (docs/failover.md)
         r.setdefault("response_headers_to_add", []).extend([served, attempts, _header(SELECTION_ID, f"%REQ({SELECTION_ID})%")])
     for r in routes[undecided:]:

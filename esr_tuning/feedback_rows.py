@@ -15,8 +15,9 @@ from esr_tuning.score_matrix import ScoreRow
 def feedback_rows(paths: Sequence[str | Path]) -> tuple[list[ScoreRow], Counter]:
     """One row per score whose request was recorded with its texts (records.prompts), in the order
     the scores were taken; and how many were not: `no_request` (its request's record is in none of
-    `paths`: sampled out, or in an older file), `no_texts` (recorded without them). A line that is
-    no record at all (cut short) is counted `malformed`."""
+    `paths`: sampled out, or in an older file), `no_texts` (recorded without them), `repeated` (a
+    second score for one request: the first counts). A line that is no record at all (cut short) is
+    counted `malformed`."""
     prompts: dict[str, str | None] = {}  # selection id -> the request's newest text (None: not kept)
     scores: list[tuple[str, str, float]] = []  # (selection id, model, score)
     counts: Counter = Counter()
@@ -42,13 +43,17 @@ def feedback_rows(paths: Sequence[str | Path]) -> tuple[list[ScoreRow], Counter]
                 except (ValueError, KeyError, TypeError, AttributeError):
                     counts["malformed"] += 1
     rows = []
+    taken: set[str] = set()
     for key, model, score in scores:
         prompt = prompts.get(key, "")
-        if prompt == "":
+        if key in taken:  # scored twice (two workers, each deciding alone): the first counts
+            counts["repeated"] += 1
+        elif prompt == "":
             counts["no_request"] += 1
         elif prompt is None:
             counts["no_texts"] += 1
         else:
+            taken.add(key)
             rows.append(ScoreRow(prompt, model, score))
     counts["joined"] = len(rows)
     return rows, counts

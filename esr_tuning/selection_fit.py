@@ -62,9 +62,14 @@ def fit_quality(models: list[str], vectors: np.ndarray, scores: np.ndarray, alph
         fitted_margins = margins(x_cal @ first.T, scores[cal_rows], alpha)
         return QualityModel(tuple(models), ridge(vectors, scores, l2), fitted_margins, alpha)
     weights, fitted = [], []
-    for m in range(len(models)):  # a model at a time, on its own rows
+    rng = np.random.default_rng(seed)
+    for m in range(len(models)):  # a model at a time, on its own rows, split as the dense rows are
         seen = ~np.isnan(scores[:, m])
-        fit_m, cal_m = fit_rows[seen[fit_rows]], cal_rows[seen[cal_rows]]
+        own = rng.permutation(np.flatnonzero(seen))
+        cut_m = min(int(len(own) * (1 - calibration)), len(own) - 1)
+        if cut_m < 1:
+            raise ValueError(f"{models[m]}: scored on {len(own)} prompts; a fit and its margin need more")
+        fit_m, cal_m = own[:cut_m], own[cut_m:]
         first = ridge(vectors[fit_m], scores[fit_m, m:m + 1], l2)
         x_cal = np.hstack([vectors[cal_m], np.ones((len(cal_m), 1))])
         fitted.append(margins(x_cal @ first.T, scores[cal_m, m:m + 1], alpha)[0])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SEEN = 65_536  # ids scored recently, remembered to refuse a second score for the same request
+MAX_ID = 3072  # a posted id's length: five long model names and the route's fit (a feedback body is 4 KiB)
 SERVED_SEPARATOR = "~"  # between a signed id and the model that answered (in no base64url text)
 
 
@@ -96,7 +97,7 @@ class SelectionIds:
         """The request an id was issued for, the score counted for the model that answered (where
         Envoy appended it); BadFeedback where the id is not ours, too old, or scored already, or the
         model appended is not one selection predicted for."""
-        signed, _, served = selection_id.partition(SERVED_SEPARATOR)
+        signed, appended, served = selection_id.partition(SERVED_SEPARATOR)
         body, _, mac = signed.rpartition(".")
         if not body or not signed.isascii() or not hmac.compare_digest(mac, self._mac(body)):
             raise BadFeedback("bad_id", "selection_id was not issued by this router")
@@ -110,8 +111,9 @@ class SelectionIds:
             at = float(issued)
         except (ValueError, IndexError):
             raise BadFeedback("bad_id", "selection_id was not issued by this router") from None
-        served = served.strip()
-        model = served if served not in ("", "-") else selected  # Envoy's "-": no upstream answered
+        # No suffix: the id as the router set it (a route with no failover): the selected model's.
+        # A suffix naming no model ("", Envoy's "-"): no backend answered, Envoy did.
+        model = served.strip() if appended else selected
         if model not in names:
             raise BadFeedback("unattributed", f"the answer came from {model[:100]!r}, a model selection did not "
                               "predict for: its score would correct nothing")
@@ -172,7 +174,7 @@ def parse_feedback(body: object) -> tuple[str, float]:
     if not isinstance(body, dict):
         raise BadFeedback("bad_body", 'the body must be a JSON object {"selection_id": ..., "score": 0..1}')
     selection_id, score = body.get("selection_id"), body.get("score")
-    if not isinstance(selection_id, str) or not 0 < len(selection_id) <= 1024:
+    if not isinstance(selection_id, str) or not 0 < len(selection_id) <= MAX_ID:
         raise BadFeedback("bad_body", "selection_id must be the x-semantic-selection-id the answer carried")
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
             or not 0.0 <= score <= 1.0:

@@ -232,16 +232,30 @@ def test_ranked_models_render_a_failover_cluster_and_route_per_chain_the_router_
     envoy_validate(path)
 
 
+@pytest.mark.processes
 def test_with_selection_every_order_is_a_chain_and_routes_that_fail_over_alike_share_one(tmp_path):
     _ranked(tmp_path)
     source = yaml.safe_load((tmp_path / "ranked.yaml").read_text())
     source["routes"][0].update(header_timeout_ms=2000)  # math now fails over as code does
-    source["selection"] = {"path": str(tmp_path / "q.npz"), "prices": {}}
+    source["selection"] = {"path": str(tmp_path / "q.npz"), "prices": {}, "feedback": {"enabled": True}}
     (tmp_path / "selected.yaml").write_text(yaml.safe_dump(source))
     routes = render(load_config(tmp_path / "selected.yaml"))["static_resources"]["listeners"][0]["filter_chains"][0][
         "filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
-    chained = {r["match"]["headers"][0]["string_match"]["exact"]: r["match"]["headers"][1:]
-               for r in routes if r.get("route", {}).get("cluster", "").startswith("failover:")}
+    plain = [r for r in routes if r.get("route", {}).get("cluster", "").startswith("failover:")
+             and not any(h["name"] == "x-semantic-selection-id" for h in r["match"]["headers"])]
+    chained = {r["match"]["headers"][0]["string_match"]["exact"]: r["match"]["headers"][1:] for r in plain}
+    for r in plain:  # with feedback, each chain's twin just before it names the model that answered
+        twin = routes[routes.index(r) - 1]
+        assert twin["match"]["headers"] == r["match"]["headers"] + [{"name": "x-semantic-selection-id", "present_match": True}]
+        assert twin["response_headers_to_add"][-1]["header"]["value"] == \
+            "%REQ(x-semantic-selection-id)%~%UPSTREAM_METADATA(semantic_router:model)%"
+    # the routes of what the router did not decide keep their stats' name
+    undecided = [r for r in routes if r["match"].get("safe_regex") and "headers" not in r["match"]]
+    assert len(undecided) > 1 and all(r.get("stat_prefix") == "semantic_router_undecided" for r in undecided)
+    assert not [r for r in routes if r.get("stat_prefix") and "headers" in r["match"]]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(load_config(tmp_path / "selected.yaml")))
+    envoy_validate(path)
     # selection may put general-model first: its order is a chain too
     assert {"general-model,math-model", "math-model,general-model", "general-model,code-model,math-model"} <= set(chained)
     both = {"string_match": {"safe_regex": {"regex": "math|code"}}, "name": "x-semantic-route"}

@@ -224,6 +224,7 @@ def test_scores_feedback_recorded_join_their_requests_records_as_rows(tmp_path):
         {"route": "math", "model": "cheap", "reason": "matched", "confidence": 0.9, "selection_id": "a.1",
          "texts": ["hello", "solve 2x = 4"]},
         {"kind": "score", "selection_id": "a.1", "route": "math", "model": "dear", "selected": "cheap", "score": 0.4},
+        {"kind": "score", "selection_id": "a.1", "route": "math", "model": "dear", "selected": "cheap", "score": 0.9},
         {"kind": "score", "selection_id": "b.2", "route": "math", "model": "cheap", "selected": "cheap", "score": 1.0},
         {"route": "math", "model": "cheap", "reason": "matched", "confidence": 0.9, "selection_id": "c.3"},
         {"kind": "score", "selection_id": "c.3", "route": "math", "model": "cheap", "selected": "cheap", "score": 0.2},
@@ -233,10 +234,10 @@ def test_scores_feedback_recorded_join_their_requests_records_as_rows(tmp_path):
     rows, counts = feedback_rows([path])
     # the model that answered (after a failover, not the selected one), on the request's newest text
     assert rows == [ScoreRow("solve 2x = 4", "dear", 0.4)]
-    assert counts == {"joined": 1, "no_request": 1, "no_texts": 1, "malformed": 1}
+    assert counts == {"joined": 1, "repeated": 1, "no_request": 1, "no_texts": 1, "malformed": 1}
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     records, left_out = read_records(path)  # replay and the refit leave the scores out, counted
-    assert len(records) == 1 and left_out["score"] == 3
+    assert len(records) == 1 and left_out["score"] == 4
 
 
 def test_a_model_scored_on_some_prompts_only_learns_from_those():
@@ -248,3 +249,7 @@ def test_a_model_scored_on_some_prompts_only_learns_from_those():
     predicted = quality.weights[:, :-1] @ vectors[1] + quality.weights[:, -1]
     assert predicted == pytest.approx([0.9, 0.3], abs=0.02)
     assert np.all(np.isfinite(quality.margins))
+    scores[:, 1] = np.nan
+    scores[0, 1] = 0.3  # scored once: nothing to calibrate its margin on
+    with pytest.raises(ValueError, match="b: scored on 1 prompts"):
+        fit_quality(["a", "b"], vectors, scores, alpha=0.1)

@@ -57,11 +57,11 @@ def test_a_score_counts_for_the_model_that_answered_which_envoy_appends_after_a_
     with pytest.raises(BadFeedback) as again:  # one score per request, whichever model it names
         ids.verify(f"{sid}~dearest")
     assert again.value.kind == "repeated"
-    for unsaid in ("", "-"):  # no upstream named: the selected model's
-        assert ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 1) + "~" + unsaid).model == "dear"
-    with pytest.raises(BadFeedback) as other:  # a model the id does not name: nothing to correct
-        ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 0) + "~general")
-    assert other.value.kind == "unattributed"
+    assert ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 1)).model == "dear"  # as set: the selected
+    for other in ("general", "", "-"):  # a model the id does not name, or none (Envoy answered itself)
+        with pytest.raises(BadFeedback) as refused:
+            ids.verify(ids.issue("math", ("cheap", "dear"), [0.8, 0.9], 0) + "~" + other)
+        assert refused.value.kind == "unattributed"
 
 
 @pytest.mark.parametrize("body", [[], {"selection_id": 3, "score": 1}, {"selection_id": "x", "score": 1.5},
