@@ -47,6 +47,8 @@ _EMBED_FIELDS = struct.Struct("<If")
 # model sees it (front ends send routed text of a few KiB); a vector of 16,384 floats fits.
 MAX_FRAME = 1024 * 1024
 MAX_TEXT = 64 * 1024
+# A CLAIM's "score key id": a posted id is at most 3 KiB (router/feedback.MAX_ID), its key shorter.
+MAX_SCORE = 8192
 
 # Error codes keep the batcher's refusal kinds across the boundary: the engine's fallback reason
 # depends on which it was.
@@ -67,11 +69,11 @@ def embed_frame(request_id: int, budget_s: float, text: bytes, bulk: bool = Fals
 
 
 def score_frame(selection_id: str, score: float) -> bytes:
-    return framed(SCORE, f"{score!r} {selection_id}".encode("ascii", "replace")[:4096])
+    return framed(SCORE, f"{score!r} {selection_id}".encode("ascii", "replace")[:MAX_SCORE])
 
 
 def claim_frame(request_id: int, key: str, selection_id: str, score: float) -> bytes:
-    text = f"{score!r} {key} {selection_id}".encode("ascii", "replace")[:4096]
+    text = f"{score!r} {key} {selection_id}".encode("ascii", "replace")[:MAX_SCORE]
     return _ID_FRAME.pack(5 + len(text), CLAIM, request_id) + text
 
 

@@ -418,3 +418,17 @@ def test_a_cancel_in_the_same_read_as_its_request_leaves_it_uncomputed_and_its_n
         await side.stop()
 
     asyncio.run(main())
+
+
+def test_a_claim_of_the_longest_id_a_router_takes_crosses_the_socket_whole():
+    from esr_modelsock import wire
+    from router.feedback import MAX_ID
+
+    selection_id = "a" * (MAX_ID - 12) + ".b~model-x"
+    key = selection_id.partition("~")[0]
+    (kind, payload), = wire.FrameReader().feed(wire.claim_frame(7, key, selection_id, 0.25))
+    assert kind == wire.CLAIM and wire.claim_of(payload) == (7, key, selection_id, 0.25)
+    (kind, payload), = wire.FrameReader().feed(wire.score_frame(selection_id, 0.25))
+    assert wire.score_of(payload) == (selection_id, 0.25)
+    (kind, payload), = wire.FrameReader().feed(wire.claimed_frame(7, taken=True))
+    assert kind == wire.CLAIMED and wire.claimed_of(payload) == (7, True)
