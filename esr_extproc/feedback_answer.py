@@ -51,7 +51,7 @@ async def feedback_answer(stream: RequestStream, current: Serving | None,
     In a pool, the model process takes each request's score once (Feedback.claim): the same id posted
     to two workers at once is accepted by one, refused (409) by the other."""
     feedback = current.engine.feedback if current is not None else None
-    if feedback is None:  # off since the headers (a reload): nothing to fold it into
+    if current is None or feedback is None:  # off since the headers (a reload): nothing to fold it into
         return _refused("off", "Selection feedback is not on at this gateway.")
     if stream.encoding is not None:
         return _refused("encoded", "Send feedback uncompressed.")
@@ -64,7 +64,9 @@ async def feedback_answer(stream: RequestStream, current: Serving | None,
             raise BadFeedback("bad_body", "the body is not JSON") from None
         selection_id, score = parse_feedback(body)
         issued = feedback.ids.read(selection_id)
-        if feedback.claim is not None and await feedback.claim(issued.key, selection_id, score) is False:
+        # Answered by the request's deadline, before Envoy's message timeout would pass it on unanswered.
+        deadline = stream.started + current.settings.deadline_s
+        if feedback.claim is not None and await feedback.claim(issued.key, selection_id, score, deadline) is False:
             raise BadFeedback("repeated", "this selection_id was scored already (at another worker)")
         feedback.take(issued, score)
     except BadFeedback as bad:

@@ -24,9 +24,6 @@ from esr_modelsock import wire
 log = logging.getLogger(__name__)
 
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
-# How long a posted score waits for the model process to say whether another front end took it:
-# it answers from its event loop, between batches, in well under this.
-CLAIM_TIMEOUT_S = 1.0
 
 
 class _Link(wire.FramedProtocol):
@@ -166,17 +163,18 @@ class ModelClient:
         finally:
             self._pending.pop(request_id, None)
 
-    async def claim_score(self, key: str, selection_id: str, score: float) -> bool | None:
+    async def claim_score(self, key: str, selection_id: str, score: float, deadline: float) -> bool | None:
         """Asks the model process to take a score this front end verified (`key`: its request's): True
         taken, and passed on to the pool's other front ends; False: another front end took that
-        request's score already. None where the model process did not answer within CLAIM_TIMEOUT_S
-        (not connected, or away): this front end decides alone, and the others do not learn of it."""
+        request's score already. None where the model process did not answer by `deadline` (the
+        posting request's, time.monotonic(): not connected, or away): this front end decides alone,
+        and the others do not learn of it."""
         out = self._out
         if out is None or self._closing:
             return None
         request_id, fut = self._ask(out, lambda rid: wire.claim_frame(rid, key, selection_id, score))
         try:
-            async with asyncio.timeout(CLAIM_TIMEOUT_S):
+            async with asyncio.timeout_at(deadline):
                 taken = await fut
         except (TimeoutError, BatcherError):
             return None

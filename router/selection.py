@@ -107,9 +107,10 @@ class Feedback:
     draw: Callable[[], float] = random.random
     source: tuple = ()  # (quality model, half-life, prior) the book's corrections are of
     # In a pool, what a posted score is claimed from before it is taken (a worker's model socket:
-    # ModelClient.claim_score; set by the composition root): (key, id, score) -> taken here (True),
-    # by another worker already (False), or no answer (None: decided here alone). None: no pool.
-    claim: Callable[[str, str, float], Awaitable[bool | None]] | None = None
+    # ModelClient.claim_score; set by the composition root): (key, id, score, deadline) -> taken here
+    # (True), by another worker already (False), or no answer by the deadline (None: decided here
+    # alone). None: no pool.
+    claim: Callable[[str, str, float, float], Awaitable[bool | None]] | None = None
 
     def fold(self, selection_id: str, score: float) -> Issued:
         """Folds a score into the corrections: BadFeedback where its id is not ours, too old, or

@@ -105,10 +105,11 @@ def test_a_score_one_front_end_took_reaches_the_others_and_those_that_connect_la
             return client
 
         a, b = await front_end("a"), await front_end("b")
-        assert await a.claim_score("one", "id.one", 0.25) is True
-        assert await b.claim_score("two", "id.two~served model", 1.0) is True
+        assert await a.claim_score("one", "id.one", 0.25, soon(5)) is True
+        assert await b.claim_score("two", "id.two~served model", 1.0, soon(5)) is True
         # the same request's score at both at once: one takes it, the other is told it is taken
-        both = await asyncio.gather(a.claim_score("three", "id.three", 0.5), b.claim_score("three", "id.three", 0.5))
+        both = await asyncio.gather(a.claim_score("three", "id.three", 0.5, soon(5)),
+                                    b.claim_score("three", "id.three", 0.5, soon(5)))
         assert sorted(both) == [False, True]
         await until(lambda: len(heard["a"]) + len(heard["b"]) == 3)
         assert ("id.two~served model", 1.0) in heard["a"] and ("id.one", 0.25) in heard["b"]
@@ -118,9 +119,26 @@ def test_a_score_one_front_end_took_reaches_the_others_and_those_that_connect_la
         assert heard["late"][:2] == [("id.one", 0.25), ("id.two~served model", 1.0)]
         assert ("id.one", 0.25) not in heard["a"]  # its own never comes back to it
         await side.stop()  # no model process: a front end decides alone
-        assert await a.claim_score("four", "id.four", 0.5) is None
+        assert await a.claim_score("four", "id.four", 0.5, soon(5)) is None
         for client in (a, b, late):
             await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_claim_the_model_process_leaves_unanswered_ends_at_the_posting_requests_deadline(tmp_path, monkeypatch):
+    import esr_modelsock.server as model_server
+
+    monkeypatch.setattr(model_server._Connection, "_claim", lambda self, payload: None)  # a model process gone quiet
+
+    async def main():
+        side = await Side(tmp_path / "m.sock", FakeBackend()).start()
+        client = await connect(side.path)
+        started = time.monotonic()
+        assert await client.claim_score("one", "id.one", 0.5, started + 0.1) is None  # decided alone
+        assert time.monotonic() - started < 0.9  # by the request's deadline, before Envoy's message timeout
+        await client.aclose()
+        await side.stop()
 
     asyncio.run(main())
 
