@@ -167,10 +167,8 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
     default = {"cluster": config.default_route.model, "timeout": upstream}
     llm = {"safe_regex": {"regex": llm_path_regex()}}
     on = config.envoy.route_header or SELECTED_MODEL
-    served = {"header": {"key": SERVED_MODEL, "value": f"%UPSTREAM_METADATA({MODEL_METADATA}:model)%"},
-              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
-    attempts = {"header": {"key": ATTEMPTS, "value": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"},
-                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
+    served = _header(SERVED_MODEL, f"%UPSTREAM_METADATA({MODEL_METADATA}:model)%")
+    attempts = _header(ATTEMPTS, "%UPSTREAM_REQUEST_ATTEMPT_COUNT%")
     routes: list[dict[str, Any]] = [
         {"match": {**llm, "headers": [{"name": CHAIN, "string_match": {"exact": ",".join(chain)}}, *_one_of(ROUTE, names)],
                    "dynamic_metadata": [DECIDED]},
@@ -205,7 +203,7 @@ def _routes(config: RouterConfig, backends: tuple[BackendConfig, ...]) -> list[d
     feedback = config.selection.feedback
     if feedback.enabled:
         routes[:chained] = [twin for r in routes[:chained] for twin in (_attributed(r), r)]
-    if feedback.enabled:  # the router answers a score itself; this reply only where it did not
+        # The router answers a score itself; this reply only where it did not.
         # Before the passthrough prefixes: a score (and its token) never goes on to a backend.
         routes.append({"match": {"path": feedback.path, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
                        **_json_reply(503, FEEDBACK_UNTAKEN, {"retry-after": "1"})})
@@ -249,8 +247,8 @@ def _attributed(chain_route: dict) -> dict:
     answered after `~`, so that a score counts for that model, also after a failover (router/feedback.py)."""
     twin = copy.deepcopy(chain_route)
     twin["match"]["headers"].append({"name": SELECTION_ID, "present_match": True})
-    twin["response_headers_to_add"][-1] = _header(
-        SELECTION_ID, f"%REQ({SELECTION_ID})%{SERVED_SEPARATOR}%UPSTREAM_METADATA({MODEL_METADATA}:model)%")
+    twin["response_headers_to_add"] = [h for h in twin["response_headers_to_add"] if h["header"]["key"] != SELECTION_ID] + [
+        _header(SELECTION_ID, f"%REQ({SELECTION_ID})%{SERVED_SEPARATOR}%UPSTREAM_METADATA({MODEL_METADATA}:model)%")]
     return twin
 
 

@@ -53,6 +53,8 @@ class Scores:
         if len(self._taken) > TAKEN_KEPT:
             self._taken.popitem(last=False)
         return True
+
+
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 

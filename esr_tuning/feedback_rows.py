@@ -45,10 +45,10 @@ def feedback_rows(paths: Sequence[str | Path]) -> tuple[list[ScoreRow], Counter]
     rows = []
     taken: set[str] = set()
     for key, model, score in scores:
-        prompt = prompts.get(key, "")
+        prompt = prompts.get(key)
         if key in taken:  # scored twice (two workers, each deciding alone): the first counts
             counts["repeated"] += 1
-        elif prompt == "":
+        elif key not in prompts:
             counts["no_request"] += 1
         elif prompt is None:
             counts["no_texts"] += 1

@@ -54,18 +54,10 @@ def fit_quality(models: list[str], vectors: np.ndarray, scores: np.ndarray, alph
     the margins are those of a predictor fitted on less, so a little wide, never narrow. A NaN in
     `scores` is a prompt that model was not scored on: each model learns from the rows it was."""
     order = np.random.default_rng(seed).permutation(len(vectors))
-    cut = int(len(order) * (1 - calibration))
-    fit_rows, cal_rows = order[:cut], order[cut:]
-    if not np.isnan(scores).any():
-        first = ridge(vectors[fit_rows], scores[fit_rows], l2)
-        x_cal = np.hstack([vectors[cal_rows], np.ones((len(cal_rows), 1))])
-        fitted_margins = margins(x_cal @ first.T, scores[cal_rows], alpha)
-        return QualityModel(tuple(models), ridge(vectors, scores, l2), fitted_margins, alpha)
     weights, fitted = [], []
-    rng = np.random.default_rng(seed)
-    for m in range(len(models)):  # a model at a time, on its own rows, split as the dense rows are
+    for m in range(len(models)):  # a model at a time, on its rows, in one order (scored on all: one split)
         seen = ~np.isnan(scores[:, m])
-        own = rng.permutation(np.flatnonzero(seen))
+        own = order[seen[order]]
         cut_m = min(int(len(own) * (1 - calibration)), len(own) - 1)
         if cut_m < 1:
             raise ValueError(f"{models[m]}: scored on {len(own)} prompts; a fit and its margin need more")

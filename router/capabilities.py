@@ -12,7 +12,7 @@ from router import metrics
 from router.classifier import Decision
 from router.config import ModelCapabilities, RoutingConfig
 from router.rules import RequestFacts
-from router.selection import Selector
+from router.selection import Selected, Selector
 
 # What the 400 says a model lacks, by capability.
 _LACKS = {
@@ -96,11 +96,7 @@ class ModelChoice:
                 metrics.PREDICTED_QUALITY.observe(selected.quality)
                 if selected.explored:
                     metrics.child(metrics.EXPLORED, selected.models[0]).inc()
-                chain = selected.models[:self._attempts]
-                # One construction: dataclasses.replace costs ~8 us a call, on every selected request.
-                return Decision(decision.route, chain[0], decision.score, decision.reason, decision.confidence,
-                                decision.tier, chain if len(chain) > 1 else (), skipped, selected.quality,
-                                selected.price, selected.selection_id)
+                return self._chosen(decision, selected.models, skipped, selected)
         return self._chosen(decision, capable, skipped)
 
     def _pinned(self, decision: Decision, facts: RequestFacts) -> Decision:
@@ -125,9 +121,13 @@ class ModelChoice:
                 skipped.append(f"{model}:{why}")
         return tuple(capable), tuple(skipped)
 
-    def _chosen(self, decision: Decision, capable: tuple[str, ...], skipped: tuple[str, ...]) -> Decision:
+    def _chosen(self, decision: Decision, capable: tuple[str, ...], skipped: tuple[str, ...],
+                selected: Selected | None = None) -> Decision:
         chain = capable[:self._attempts]
         tried = chain if len(chain) > 1 else ()
+        if selected is not None:  # one construction: dataclasses.replace costs ~8 us a call
+            return Decision(decision.route, chain[0], decision.score, decision.reason, decision.confidence,
+                            decision.tier, tried, skipped, selected.quality, selected.price, selected.selection_id)
         if (chain[0], tried, skipped) == (decision.model, decision.chain, decision.skipped):
             return decision  # most requests: a copy equal to it costs ~3 us (dataclasses.replace)
         return dataclasses.replace(decision, model=chain[0], chain=tried, skipped=skipped)
