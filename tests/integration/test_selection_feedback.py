@@ -21,6 +21,7 @@ from esr_config import load_config
 from esr_app.quality_cli import offline
 from router.selection import QualityModel, load_quality, save_quality
 from tests.support import ROOT
+from tests.support.stack import DUPLEX
 from tests.support.waiting import wait_for
 
 TOKEN = "feedback-token-for-the-integration-test"
@@ -171,3 +172,18 @@ def test_the_recorded_scores_refit_selection_beside_the_eval_rows(stack, tmp_pat
         return float(quality.weights[0, :-1] @ vector + quality.weights[0, -1])  # general-model's
 
     assert fitted("--records", str(records)) < fitted() - 0.05
+
+
+def test_with_the_router_down_a_score_reaches_no_backend_and_is_asked_again(stack):
+    """Last in this module: it kills the router. A score the router cannot answer is Envoy's: a 503
+    to post it again (buffered and streamed bodies, where Envoy goes on without the router), or
+    Envoy's own error (full duplex, where it does not); never a backend's answer."""
+    selection_id = _chat(stack).headers["x-semantic-selection-id"]
+    stack.kill_router()
+    r = _score(stack, selection_id, 0.5)
+    assert "x-mock-backend" not in r.headers, r.headers
+    if DUPLEX:
+        assert r.status_code >= 500
+    else:
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "feedback_not_taken"
