@@ -12,7 +12,7 @@ from router.calibration import Calibrator
 from router.classifier import RouteClassifier
 from esr_config import RouterConfig
 from router.config import ClassifierConfig
-from router.head import LinearHead, train_head
+from router.head import HIDDEN_BATCH, HIDDEN_EPOCHS, LinearHead, train_head
 from esr_tuning.calibration import Examples, calibrate, labelled_examples, reliability
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE, shifted_accuracy
 
@@ -254,7 +254,7 @@ def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str],
         picked = teacher[train_idx][:, columns]
         onehot = np.eye(len(classes))[[classes.index(labels[i]) for i in train_idx]]
         soft = 0.5 * onehot + 0.5 * picked / np.maximum(picked.sum(axis=1, keepdims=True), 1e-9)
+    steps = dict(epochs=HIDDEN_EPOCHS, batch=HIDDEN_BATCH) if hidden else dict(epochs=config.classifier.head_epochs)
     head = train_head(embeddings[train_idx], [fine[i] for i in train_idx], classes,
-                      routes=[route_of[c] for c in classes], epochs=config.classifier.head_epochs, seed=seed,
-                      hidden=hidden, soft=soft)
+                      routes=[route_of[c] for c in classes], seed=seed, hidden=hidden, soft=soft, **steps)
     return head, train_idx, tune_idx

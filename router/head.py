@@ -1,5 +1,5 @@
-"""A small classifier trained on prompt embeddings (torch, full-batch), saved as .npz: linear, or
-linear over one hidden ReLU layer (the static tier's head where fit learns from recorded traffic)."""
+"""A small classifier trained on prompt embeddings (torch), saved as .npz: linear, or linear over one
+hidden ReLU layer (the static tier's head where fit learns from recorded traffic)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
+
+
+# How a head with a hidden layer trains: shuffled steps rather than full-batch epochs, which took
+# most of a nightly refit's time for the same held-out agreement (docs/notes/benchmarks-history.md).
+HIDDEN_EPOCHS = 40
+HIDDEN_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -110,11 +116,13 @@ def train_head(
     seed: int = 0,
     hidden: int = 0,
     soft: np.ndarray | None = None,
+    batch: int | None = None,
 ) -> LinearHead:
     """Multinomial logistic regression over `classes` (route of each: `routes`, default the
     class itself); classes are weighted so a rare one is not ignored. `hidden`: that many ReLU
     units first (0: none). `soft`: (n, classes) target distributions learnt instead of the labels
-    (a teacher's, for distillation), the labels still weighting the classes."""
+    (a teacher's, for distillation), the labels still weighting the classes. `batch`: each epoch
+    in shuffled steps of that many examples (None: one step of all of them)."""
     import torch
 
     index = {c: i for i, c in enumerate(classes)}
@@ -135,16 +143,19 @@ def train_head(
     opt = torch.optim.Adam(params, lr=lr / 5 if hidden else lr, weight_decay=weight_decay)
     target = torch.from_numpy(np.ascontiguousarray(soft, dtype=np.float32)) if soft is not None else None
 
-    def loss_of(logits):
+    def loss_of(rows):
+        logits = layer(torch.relu(first(x[rows])) if first is not None else x[rows])
         if target is None:
-            return torch.nn.functional.cross_entropy(logits, y, weight=class_weight)
-        return -(class_weight[y] * (target * torch.log_softmax(logits, dim=1)).sum(dim=1)).mean()
+            return torch.nn.functional.cross_entropy(logits, y[rows], weight=class_weight)
+        return -(class_weight[y[rows]] * (target[rows] * torch.log_softmax(logits, dim=1)).sum(dim=1)).mean()
 
+    every = slice(None)
     for _ in range(epochs):
-        opt.zero_grad()
-        loss = loss_of(layer(torch.relu(first(x)) if first is not None else x))
-        loss.backward()
-        opt.step()
+        order = [every] if batch is None else torch.randperm(len(x), generator=gen).split(batch)
+        for rows in order:
+            opt.zero_grad()
+            loss_of(rows).backward()
+            opt.step()
 
     def numpy(t) -> np.ndarray:
         return t.detach().numpy().copy()
