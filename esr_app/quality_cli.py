@@ -44,8 +44,28 @@ def offline(config: RouterConfig):
     from router.classifier import RouteClassifier
 
     setup_logging("warning")
-    encoder = make_backend(config, offline=True)
+    encoder = _EachTextOnce(make_backend(config, offline=True))
     return encoder, RouteClassifier(config, encoder.encode)
+
+
+class _EachTextOnce:
+    """An offline encoder that embeds each text once a command: fit reads the config's utterances
+    (its classifier's), then its data or records, then the utterances again fold by fold."""
+
+    def __init__(self, encoder):
+        self._encoder = encoder
+        self._known: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self._encoder, name)
+
+    def encode(self, texts, batch_size: int = 64) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self._known))
+        if missing:
+            self._known.update(zip(missing, self._encoder.encode(missing, batch_size)))
+        if not texts:
+            return np.zeros((0, self._encoder.dimension), dtype=np.float32)
+        return np.stack([self._known[t] for t in texts])
 
 
 def _labelled(config: RouterConfig, path: Path):
@@ -339,15 +359,7 @@ def _fit_static_tier(result, classifier, encoder, embeddings, texts: list[str], 
         fitted = fit_head_tier(result.config, classifier, embeddings, routed, labels, intents, static, **head_tier)
         encode = (fitted.embedding or static).encode
     else:
-        known = dict(zip(routed, embeddings))
-
-        def embed(batch: list[str]) -> np.ndarray:  # the utterances as well as the data, each once
-            missing = [t for t in dict.fromkeys(batch) if t not in known]
-            if missing:
-                known.update(zip(missing, encoder.encode(missing)))
-            return np.stack([known[t] for t in batch])
-
-        fitted = fit_similarity_tier(result.config, embed, encode, routed, head_tier.get("overall"),
+        fitted = fit_similarity_tier(result.config, encoder.encode, encode, routed, head_tier.get("overall"),
                                      head_tier.get("requests"))
     result = dataclasses.replace(result, config=fitted.config, notes=result.notes + fitted.notes)
     tier = StaticTier(fitted.config, encode, fitted.head)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,14 @@ def tool(name: str, env: str | None = None) -> str:
 
 
 def kustomize(path: Path) -> list[dict]:
+    """The objects kustomize renders of `path`, each caller's own to change."""
+    return [d for d in yaml.safe_load_all(_rendered(Path(path).resolve())) if d]
+
+
+@lru_cache(maxsize=None)
+def _rendered(path: Path) -> str:
+    # Once a session per folder: the tree's manifests do not change under the tests, and a run costs
+    # about two seconds (the schema checks render each gateway's a dozen times).
     out = subprocess.run([tool("kustomize", "KUSTOMIZE"), "build", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return out.stdout
