@@ -49,6 +49,11 @@ class OnnxEncoder(TunedEncoder):
     """Only the batcher's model thread calls `embed`; `tokenize` runs on the tokenizer thread (a
     `tokenizers.Tokenizer` is safe to share: encoding keeps no state between calls)."""
 
+    # ONNX Runtime runs a shape the first time as fast as the next (a full short batch, a long one:
+    # within 3%), so one short run per thread count builds its pool; the larger shapes took a
+    # router's start-up 2.4 s.
+    warm_shapes = ((1, 16),)
+
     def __init__(self, config: ModelConfig, keep: Keep = "head", front_end_cpus: int = 0):
         """`keep`: the tokens of a text longer than max_seq_length it reads (requests.truncate);
         `front_end_cpus`: CPUs of the budget kept from the model's threads (model_cpus)."""

@@ -41,6 +41,10 @@ class TunedEncoder:
     _words: WordPieceCache
     _tuner: ThreadTuner | None
     _threads_now: int = 0
+    # What warmup runs with each thread count the tuner may pick, before the timed singles: a single
+    # short request, a full short batch, a long one (length 0: max_seq_length). torch settles its
+    # allocator and kernels on these shapes; a runtime that needs no shape warmed names fewer.
+    warm_shapes: tuple[tuple[int, int], ...] = ((1, 16), (64, 16), (8, 0))
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         # Whole, then cut here, keeping `keep` (a tokenizer's own truncation keeps only the start).
@@ -102,13 +106,12 @@ class TunedEncoder:
 
     def warmup(self) -> list[tuple[int, float]]:
         self.prepare_thread()
-        # Representative shapes: single short request, a full short batch, a long one; with every
-        # thread count the tuner may pick, so each is ready (and its pool built) before traffic.
+        # Every thread count the tuner may pick, so each is ready (and its pool built) before traffic.
         for threads in self._tuner.candidates if self._tuner else [None]:
             if threads is not None:
                 self._set_threads(threads)
-            for n, length in ((1, 16), (64, 16), (8, self.max_seq_length)):
-                self._run(*pad([[self.pad_id + 1] * length] * n, self.pad_id))
+            for n, length in self.warm_shapes:
+                self._run(*pad([[self.pad_id + 1] * (length or self.max_seq_length)] * n, self.pad_id))
         self.prepare_thread()
         # Then a short and a long single, warm, interleaved, the fastest of five each: how the
         # cost splits into fixed and per-token parts, which traffic of one shape cannot show.
