@@ -140,7 +140,7 @@ def train_head(
                 lin.bias.zero_()
     params = list(layer.parameters()) + (list(first.parameters()) if first is not None else [])
     # A hidden layer learns at a fifth of a linear head's rate (0.05 overshoots it).
-    opt = torch.optim.Adam(params, lr=lr / 5 if hidden else lr, weight_decay=weight_decay)
+    opt = _Adam(params, lr=lr / 5 if hidden else lr, weight_decay=weight_decay)
     target = torch.from_numpy(np.ascontiguousarray(soft, dtype=np.float32)) if soft is not None else None
 
     def loss_of(rows):
@@ -163,6 +163,39 @@ def train_head(
     return LinearHead(tuple(classes), tuple(routes or classes), numpy(layer.weight), numpy(layer.bias),
                       hidden_weight=numpy(first.weight) if first is not None else None,
                       hidden_bias=numpy(first.bias) if first is not None else None)
+
+
+class _Adam:
+    """torch.optim.Adam's update on the CPU (its single-tensor path, L2 weight decay added to the
+    gradient), op for op, so a head trains to the same bits, without torch.optim: importing it
+    pulls in torch._dynamo, about 2 s of every fit."""
+
+    def __init__(self, params, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        import torch
+
+        self.params = list(params)
+        self.moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in self.params]
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
+        self.steps = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        import torch
+
+        self.steps += 1
+        beta1, beta2 = self.betas
+        step_size = self.lr / (1 - beta1 ** self.steps)
+        correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
+        with torch.no_grad():
+            for p, (mean, square) in zip(self.params, self.moments):
+                grad = p.grad if self.weight_decay == 0 else p.grad.add(p, alpha=self.weight_decay)
+                mean.lerp_(grad, 1 - beta1)
+                square.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                p.addcdiv_(mean, (square.sqrt() / correction2_sqrt).add_(self.eps), value=-step_size)
 
 
 class HeadScorer:
