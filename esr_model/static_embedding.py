@@ -57,7 +57,8 @@ def is_current(model_dir: str | Path) -> bool:
 
 def ensure_static(model_dir: str | Path) -> Path:
     """The model's static table, distilled now from its ONNX export if missing or made from other
-    weights (about 10 s on two cores for a 30k vocabulary)."""
+    weights: a short forward pass per vocabulary token, the slowest step of a fine-tuned model's
+    first load (logged with its seconds)."""
     path = static_path(model_dir)
     if is_current(model_dir):
         return path

@@ -62,6 +62,24 @@ def test_head_saved_and_loaded(tmp_path):
     assert clf.classify(unit(1, 0, 0)).route == "math"
 
 
+@pytest.mark.parametrize("hidden, batch", [(0, None), (16, 64)])
+def test_a_head_trains_to_the_bits_torch_optims_adam_gives(monkeypatch, hidden, batch):
+    import torch
+
+    import router.head
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 12)).astype(np.float32)
+    labels = [f"c{i}" for i in rng.integers(0, 4, 300)]
+    ours = train_head(x, labels, sorted(set(labels)), epochs=20, hidden=hidden, batch=batch)
+    monkeypatch.setattr(router.head, "_Adam", lambda params, lr, weight_decay: torch.optim.Adam(
+        params, lr=lr, weight_decay=weight_decay))
+    theirs = train_head(x, labels, sorted(set(labels)), epochs=20, hidden=hidden, batch=batch)
+    assert np.array_equal(ours.weight, theirs.weight) and np.array_equal(ours.bias, theirs.bias)
+    if hidden:
+        assert np.array_equal(ours.hidden_weight, theirs.hidden_weight)
+
+
 def test_head_energy_rejects_a_prompt_that_only_leans_towards_a_class(tmp_path):
     # Softmax normalises strength away: a prompt mostly off every class still wins one with
     # probability near 1. The energy (log-sum-exp of the logits) keeps how strongly it matched.
