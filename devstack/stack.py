@@ -131,24 +131,28 @@ class Stack:
     def start(self, timeout: float = 180.0) -> "Stack":
         try:
             self.backends.start()
+            # Both at once: Envoy needs no router to start, and each waits on its own work.
             if self.launch_router:
-                self.start_router(timeout)
-            self.start_envoy(timeout)
+                self._launch_router()
+            self._launch_envoy()
+            if self.launch_router:
+                self._wait(self.router, "router", self.router_serving, timeout)
+            self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        for name in ("envoy", "router"):
-            proc = getattr(self, name)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        running = [p for p in (self.envoy, self.router) if p is not None and p.poll() is None]
+        for proc in running:  # both asked at once: the router's drain need not wait for Envoy's
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self.backends.stop()
 
     def __enter__(self) -> "Stack":
@@ -160,6 +164,10 @@ class Stack:
     # -- the router ------------------------------------------------------------------------
 
     def start_router(self, timeout: float = 180.0) -> None:
+        self._launch_router()
+        self._wait(self.router, "router", self.router_serving, timeout)
+
+    def _launch_router(self) -> None:
         cmd = [
             sys.executable, "-m", "esr_app", "serve",
             "--config", str(self.router_config),
@@ -170,7 +178,6 @@ class Stack:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.router_env}
         out = open(self.workdir / "router.log", "ab") if self.capture_logs else None
         self.router = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
-        self._wait(self.router, "router", self.router_serving, timeout)
 
     def router_serving(self) -> bool:
         try:
@@ -188,6 +195,10 @@ class Stack:
     # -- envoy -----------------------------------------------------------------------------
 
     def start_envoy(self, timeout: float = 60.0) -> None:
+        self._launch_envoy()
+        self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
+
+    def _launch_envoy(self) -> None:
         rendered = self.workdir / "envoy.rendered.yaml"
         config = render(on_stack_ports(load_config(self.envoy_config), self.ports))
         if self.envoy_patch is not None:
@@ -196,7 +207,6 @@ class Stack:
         cmd = [find_envoy(), "-c", str(rendered), "--log-level", "warn", "--disable-hot-restart"]
         out = open(self.workdir / "envoy.log", "ab") if self.capture_logs else None
         self.envoy = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
-        self._wait(self.envoy, "envoy", self.envoy_ready, timeout)
 
     def envoy_ready(self) -> bool:
         return http_ok(f"http://127.0.0.1:{self.ports.admin}/ready")
