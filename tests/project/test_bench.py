@@ -73,3 +73,11 @@ def test_int8_formats_bench_reports_every_format_and_the_pick(tmp_path):
     assert set(rows) == {"fp32", "u8s8", "u8u8"} and sum(r["picked"] for r in rows.values()) == 1
     assert all(r["batch 1 prompts/s"] > 0 and r["batch 32 prompts/s"] > 0 for r in rows.values())
     assert result["cpu"] and len(result["checks"]) == 2
+
+
+@pytest.mark.processes
+def test_startup_bench_times_a_router_to_ready(tmp_path):
+    out = tmp_path / "startup.json"
+    run_bench("runtime.startup", "--trials", "1", "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["tree"] == "this tree" and 0 < row["min_s"] <= row["median_s"] <= row["max_s"] < 120
