@@ -138,7 +138,7 @@ def fit(
     source = config
     head = None
     if with_head:
-        head, train_idx, tune_idx = _train_head(config, embeddings, labels, intents, holdout, seed)
+        head, train_idx, tune_idx = train_split_head(config, embeddings, labels, intents, holdout, seed)
         notes.append(
             f"head: {len(head.classes)} classes over {len(set(head.routes))} routes, trained on {len(train_idx)} "
             f"examples; thresholds tuned on {len(tune_idx)} held-out ones (default-route examples included)"
@@ -168,7 +168,7 @@ def fit(
                               calibration_share, notes)
     if with_head:
         # The thresholds are set; the head itself may now learn from every in-scope example.
-        head, _, _ = _train_head(config, embeddings, labels, intents, 0.0, seed)
+        head, _, _ = train_split_head(config, embeddings, labels, intents, 0.0, seed)
         notes.append("head retrained on all in-scope examples")
     return FitResult(config, head, notes)
 
@@ -236,7 +236,7 @@ def head_split(config: RouterConfig, labels: list[str], intents: list[str] | Non
     return in_scope[train_rel], np.concatenate([in_scope[tune_rel], out_scope])
 
 
-def _train_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
+def train_split_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
                 holdout: float, seed: int, hidden: int = 0, teacher: np.ndarray | None = None
                 ) -> tuple[LinearHead, np.ndarray, np.ndarray]:
     """The head learns the routes (or their finer intents) from in-scope examples only; the

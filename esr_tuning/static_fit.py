@@ -21,7 +21,7 @@ from router.head import LinearHead
 from router.conversation import deciding_turn
 from router.static_tier import margins, own_turn_lead, prototype_similarity, route_accepts, static_classifier
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
-from esr_tuning.fit import _train_head, head_split, label_indices, tune_thresholds
+from esr_tuning.fit import head_split, label_indices, train_split_head, tune_thresholds
 from esr_tuning.static_table import StaticTable, TrainedRows, train_over
 
 # At most this share of the decisions the static tier keeps for a route may differ from the encoder's.
@@ -83,7 +83,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
                   seed: int = 0, hidden: int = 0, teacher: np.ndarray | None = None, train_rows: bool = True,
                   overall: float | None = None, requests: WholeRequests | None = None) -> StaticFit:
     """A head config's tier: the static table's rows trained on fit's split (esr_tuning/static_table.py),
-    a static head trained on the same split (`_train_head`: `hidden` units, the `teacher`'s route
+    a static head trained on the same split (`train_split_head`: `hidden` units, the `teacher`'s route
     distribution), its margins set on the held-out rest against `encoder`'s choices. `texts`: as
     routed; `static`: the distilled table's encoder; `train_rows`: False keeps the table as distilled;
     `overall`: the margins' budget (fit_margins, a kept decision weighed by the `teacher` where there is one);
@@ -95,7 +95,7 @@ def fit_head_tier(config: RouterConfig, encoder: RouteClassifier, embeddings: np
     if train_rows:
         table, static = train_over(static, [texts[i] for i in train_idx], [fine[i] for i in train_idx], seed)
     static_vectors = static.encode(texts)
-    head, train, held = _train_head(base, static_vectors, labels, intents, holdout, seed, hidden, teacher)
+    head, train, held = train_split_head(base, static_vectors, labels, intents, holdout, seed, hidden, teacher)
     classifier = static_classifier(base, static.encode, head)
     truth = label_indices(base, labels)[held]
     whole = None if requests is None else (lambda tuned: requests.examples(tuned, static.encode, head))
@@ -294,7 +294,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
         return np.stack([known[t] for t in texts])
 
     if config.classifier.method == "head":
-        head, _, _ = _train_head(base, embed(train_texts), train_labels, None, 0.0, seed)
+        head, _, _ = train_split_head(base, embed(train_texts), train_labels, None, 0.0, seed)
     classifier = static_classifier(base, embed, head)
     texts = turns(tune)[0]
     tuned = with_thresholds(base, classifier, classifier.scores(embed(texts)),
