@@ -237,8 +237,8 @@ def head_split(config: RouterConfig, labels: list[str], intents: list[str] | Non
 
 
 def train_split_head(config: RouterConfig, embeddings: np.ndarray, labels: list[str], intents: list[str] | None,
-                holdout: float, seed: int, hidden: int = 0, teacher: np.ndarray | None = None
-                ) -> tuple[LinearHead, np.ndarray, np.ndarray]:
+                     holdout: float, seed: int, hidden: int = 0, teacher: np.ndarray | None = None
+                     ) -> tuple[LinearHead, np.ndarray, np.ndarray]:
     """The head learns the routes (or their finer intents) from in-scope examples only; the
     default route is whatever scores below threshold, so its examples serve to tune that.
     `hidden`: ReLU units before the linear layer; `teacher`: (n, routes) each example's route
