@@ -41,31 +41,12 @@ def offline(config: RouterConfig):
     """Encoder and classifier for offline commands (no batcher, no server)."""
     from esr_app.embedding import make_backend
     from esr_app.logs import setup_logging
+    from esr_tuning.each_text_once import EachTextOnce
     from router.classifier import RouteClassifier
 
     setup_logging("warning")
-    encoder = _EachTextOnce(make_backend(config, offline=True))
+    encoder = EachTextOnce(make_backend(config, offline=True))
     return encoder, RouteClassifier(config, encoder.encode)
-
-
-class _EachTextOnce:
-    """An offline encoder that embeds each text once a command: fit reads the config's utterances
-    (its classifier's), then its data or records, then the utterances again fold by fold."""
-
-    def __init__(self, encoder):
-        self._encoder = encoder
-        self._known: dict[str, np.ndarray] = {}
-
-    def __getattr__(self, name: str):
-        return getattr(self._encoder, name)
-
-    def encode(self, texts, batch_size: int = 64) -> np.ndarray:
-        missing = list(dict.fromkeys(t for t in texts if t not in self._known))
-        if missing:
-            self._known.update(zip(missing, self._encoder.encode(missing, batch_size)))
-        if not texts:
-            return np.zeros((0, self._encoder.dimension), dtype=np.float32)
-        return np.stack([self._known[t] for t in texts])
 
 
 def _labelled(config: RouterConfig, path: Path):

@@ -20,6 +20,7 @@ from router.classifier import RouteClassifier
 from router.head import LinearHead
 from router.conversation import deciding_turn
 from router.static_tier import margins, own_turn_lead, prototype_similarity, route_accepts, static_classifier
+from esr_tuning.each_text_once import EachTextOnce
 from esr_tuning.evaluation import SHIFTED_DEFAULT_SHARE
 from esr_tuning.fit import head_split, label_indices, train_split_head, tune_thresholds
 from esr_tuning.static_table import StaticTable, TrainedRows, train_over
@@ -285,13 +286,7 @@ def fit_conversation_tier(config: RouterConfig, encoder: RouteClassifier, static
     head, table = None, None
     if config.classifier.method == "head":
         table, static = train_over(static, train_texts, train_labels, seed)
-    known: dict[str, np.ndarray] = {}
-
-    def embed(texts) -> np.ndarray:
-        missing = [t for t in dict.fromkeys(texts) if t not in known]
-        if missing:
-            known.update(zip(missing, static.encode(missing)))
-        return np.stack([known[t] for t in texts])
+    embed = EachTextOnce(static).encode
 
     if config.classifier.method == "head":
         head, _, _ = train_split_head(base, embed(train_texts), train_labels, None, 0.0, seed)
