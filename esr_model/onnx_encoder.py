@@ -49,9 +49,8 @@ class OnnxEncoder(TunedEncoder):
     """Only the batcher's model thread calls `embed`; `tokenize` runs on the tokenizer thread (a
     `tokenizers.Tokenizer` is safe to share: encoding keeps no state between calls)."""
 
-    # ONNX Runtime runs a shape the first time as fast as the next (a full short batch, a long one:
-    # within 3%), so one short run per thread count builds its pool; the larger shapes took a
-    # router's start-up 2.4 s.
+    # ONNX Runtime runs a shape the first time as fast as the next, so one short run per thread count
+    # builds its pool; larger shapes would only lengthen start-up (docs/notes/benchmarks-history.md).
     warm_shapes = ((1, 16),)
 
     def __init__(self, config: ModelConfig, keep: Keep = "head", front_end_cpus: int = 0):

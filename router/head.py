@@ -168,7 +168,7 @@ def train_head(
 class _Adam:
     """torch.optim.Adam's update on the CPU (its single-tensor path, L2 weight decay added to the
     gradient), op for op, so a head trains to the same bits, without torch.optim: importing it
-    pulls in torch._dynamo, about 2 s of every fit."""
+    pulls in torch._dynamo, seconds of every fit."""
 
     def __init__(self, params, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8):

@@ -15,10 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from devstack.stack import free_port
 from bench.report import emit
-
-ROOT = Path(__file__).resolve().parents[2]
+from devstack.stack import ROOT, free_port
 
 
 def ready_seconds(tree: Path) -> float:
