@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test-duplex test-streamed run test test-fast check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study refit sgd guard clean
+.PHONY: setup test-duplex test-streamed run test test-fast check models bench-runtime bench-cascade tools infinity image-venv test-unit test-integration bench bench-contention bench-frontend bench-edge bench-remote soak clinc150 clinc150-fewshot clinc150-study refit sgd guard clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -86,8 +86,14 @@ MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
 	tests/integration/test_decisions.py tests/integration/test_conversation.py tests/integration/test_failover.py \
 	tests/integration/test_undecided.py tests/integration/test_selection_feedback.py
+# The set-up first, its independent parts side by side (the two venvs' installs, the export, the
+# lint): on a fresh clone that is about two minutes less than one after another (docs/development.md).
+SETUP := check $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
+setup:
+	$(MAKE) -j4 --output-sync=target $(SETUP)
+
 # Tests marked `exclusive` assert timing under a load they make themselves: each runs alone, after the rest.
-test: check $(STAMP) $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
+test: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" KUSTOMIZE="$(CURDIR)/$(KUSTOMIZE)" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -m exclusive $(PYTEST_ARGS)
 	$(MAKE) test-duplex test-streamed
