@@ -86,7 +86,7 @@ MODE_TESTS = tests/integration/test_gateway.py tests/integration/test_edge_body.
 	tests/integration/test_response_cache.py tests/integration/test_held_out_attacks.py \
 	tests/integration/test_decisions.py tests/integration/test_conversation.py tests/integration/test_failover.py \
 	tests/integration/test_undecided.py tests/integration/test_selection_feedback.py
-# The set-up first, its independent parts side by side (the two venvs' installs, the export, the
+# The set-up first, its independent parts side by side (the three venvs' installs, the export, the
 # lint): on a fresh clone that is about two minutes less than one after another (docs/development.md).
 SETUP := check $(MODELS) tools $(INFINITY) $(IMAGE_VENV)
 setup:

@@ -23,7 +23,7 @@ class ModelConfig:
     # auto: fp32 (the same vectors as torch), the model's own on torch.
     precision: str = "auto"
     max_seq_length: int | None = None  # None: the model's own limit
-    cpu_threads: int | None = None  # None: one per available core
+    cpu_threads: int | None = None  # None: chosen per batch from the CPUs the process may use (thread_policy)
     half_precision: bool = True  # fp16 on CUDA; ignored on CPU
     cpu_bf16: bool = False  # bf16 autocast on CPU: faster where the CPU has bf16 units, slightly different scores
     torchscript: bool = True  # CPU: run the model as one traced graph (checked against eager at load)
