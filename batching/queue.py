@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -60,11 +61,12 @@ class Batch:
     late: list[WorkItem] = field(default_factory=list)  # predicted to finish after their deadline
     predicted_s: float = 0.0  # what the cost model expects this batch to take
 
-    @property
+    # Counted once: the model thread reads them several times a batch (cost model, load, metrics).
+    @functools.cached_property
     def tokens(self) -> int:
         return sum(i.n_tokens for i in self.items)
 
-    @property
+    @functools.cached_property
     def padded_tokens(self) -> int:
         return max((i.n_tokens for i in self.items), default=0) * len(self.items)
 
@@ -77,8 +79,11 @@ def choose_batch(window: list[WorkItem], max_size: int, max_tokens: int, max_pad
     stays within `max_size`, `max_tokens` padded tokens (longest x count, what the model pays)
     and `max_padding` (the share of padded tokens that are padding).
     """
-    order = sorted(range(len(window)), key=lambda i: window[i].n_tokens)
-    lens = [window[i].n_tokens for i in order]
+    lens = [i.n_tokens for i in window]
+    if max_padding >= 1.0 and len(window) <= max_size and max(lens) * len(window) <= max_tokens:
+        return list(range(len(window)))  # all of them fit: the growth below would take every one
+    order = sorted(range(len(window)), key=lens.__getitem__)
+    lens = [lens[i] for i in order]
     lo = hi = order.index(0)
     useful = longest = lens[lo]
 
@@ -224,8 +229,9 @@ class BatchQueue:
             if judge is not None:
                 # Even alone it would answer too late: refuse now rather than compute for nobody.
                 keep: list[WorkItem] = []
+                fixed, per_token = judge.coefficients  # judge.predict, without a call per item
                 for i in live:
-                    (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
+                    (late if now + (fixed + per_token * len(i.inputs)) + margin > i.deadline else keep).append(i)
                 if not keep and self._running == 0:
                     # The oldest with more time left than its answer needs to get back.
                     oldest = next((i for i in late if i.deadline - now > margin), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,18 @@ def test_choose_batch_cuts_padding_against_fifo():
     window = _items([5, 50, 6, 48, 7, 5])
     picked = choose_batch(window, max_size=4, max_tokens=10_000)
     assert sorted(window[i].n_tokens for i in picked) == [5, 5, 6, 7]
+
+
+def test_choose_batch_takes_a_window_that_fits_whole_as_its_growth_would():
+    # Without a padding bound, a window within the size and token caps is taken whole at once;
+    # the growth from the oldest (a padding bound just under 1 goes that way) takes the same items.
+    rng = random.Random(7)
+    for _ in range(300):
+        window = _items([rng.randint(1, 300) for _ in range(rng.randint(1, 80))])
+        size, tokens = rng.choice([8, 64, 128]), rng.choice([512, 8192, 32_768])
+        whole = choose_batch(window, size, tokens, max_padding=1.0)
+        grown = choose_batch(window, size, tokens, max_padding=1.0 - 1e-12)
+        assert sorted(whole) == sorted(grown) and 0 in whole
 
 
 def test_long_request_does_not_starve_behind_short_ones():
