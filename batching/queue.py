@@ -229,9 +229,8 @@ class BatchQueue:
             if judge is not None:
                 # Even alone it would answer too late: refuse now rather than compute for nobody.
                 keep: list[WorkItem] = []
-                fixed, per_token = judge.coefficients  # judge.predict, without a call per item
                 for i in live:
-                    (late if now + (fixed + per_token * len(i.inputs)) + margin > i.deadline else keep).append(i)
+                    (late if now + judge.predict(i.n_tokens) + margin > i.deadline else keep).append(i)
                 if not keep and self._running == 0:
                     # The oldest with more time left than its answer needs to get back.
                     oldest = next((i for i in late if i.deadline - now > margin), None)
