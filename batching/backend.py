@@ -14,7 +14,9 @@ Inputs = TypeVar("Inputs", bound=Sized)
 class Backend(Protocol[Inputs]):
     """A model the batcher drives. Only the batcher's model thread calls `embed`. A backend may also
     have `close()`, which the batcher calls once its lanes have stopped (a remote engine's breaker
-    stops probing)."""
+    stops probing), and `read_ids(raw: bytes) -> Inputs`: a local model's reading of token ids its
+    caller made (a front end of the model process: esr_model/token_ids.py), called on the tokenizer
+    thread instead of `tokenize`; it raises ValueError for ids the model cannot read."""
 
     def tokenize(self, texts: Sequence[str]) -> list[Inputs]:
         """The model's input per text: token ids already truncated to what a local model accepts,

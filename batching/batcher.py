@@ -143,10 +143,12 @@ class ContinuousBatcher:
             raise outcome
         return outcome
 
-    def submit_many(self, requests: Sequence[tuple[str, float, Reply]], bulk: bool = False
+    def submit_many(self, requests: Sequence[tuple[str | bytes, float, Reply]], bulk: bool = False
                     ) -> list[WorkItem | BatcherError]:
         """submit() for requests that arrived together (a front end's frames of one read), each
         (text, deadline, reply): queued (its WorkItem) or refused (the error submit would raise).
+        A text given as bytes is token ids its caller made (the backend's read_ids reads them, in
+        place of tokenize: Backend).
         One admission for the lot: the wait predicted for the last of them is judged against each
         one's deadline, so a request is never admitted that submit would refuse. A request's own
         text is judged by the own texts queued only: bulk ones give way to it (BatchQueue)."""
@@ -183,7 +185,11 @@ class ContinuousBatcher:
                 late += 1
                 out[n] = WouldMissDeadline(f"predicted answer in {wait * 1000:.0f} ms, after the deadline")
                 continue
-            item = out[n] = self._queue.new_item(text, deadline, reply, bulk)
+            if isinstance(text, bytes):
+                item = out[n] = self._queue.new_item("", deadline, reply, bulk)
+                item.inputs = text
+            else:
+                item = out[n] = self._queue.new_item(text, deadline, reply, bulk)
             if not self._arrivals:
                 self._loop.call_soon(self._hand_over)
             self._arrivals.append(item)
@@ -267,21 +273,16 @@ class ContinuousBatcher:
             self.observer.on_dropped("cancelled", len(items) - len(live))
         if not live:
             return
-        ids: list[Sized | Exception]
-        try:
-            ids = list(self.backend.tokenize([i.text for i in live]))
-        except Exception as exc:  # one bad text must not fail its neighbours
-            log.warning("batch tokenization failed, retrying singly: %s", type(exc).__name__)
-            ids = []
-            for i in live:
-                try:
-                    ids.append(self.backend.tokenize([i.text])[0])
-                except Exception as one_exc:
-                    ids.append(one_exc)
+        made = [i for i in live if i.inputs.__class__ is bytes]  # token ids a front end made
+        if made:
+            live = [i for i in live if i.inputs.__class__ is not bytes]
+            self.observer.on_tokenized("caller", len(made))
+        if live:
+            self.observer.on_tokenized("batcher", len(live))
         failed: list[WorkItem] = []
         errors: list[object] = []
         ready: list[WorkItem] = []
-        for item, tok in zip(live, ids):
+        for item, tok in zip(made + live, self._read(made) + self._tokenize(live)):
             if isinstance(tok, Exception):
                 failed.append(item)
                 errors.append(tok)
@@ -296,6 +297,33 @@ class ContinuousBatcher:
             self._queue.release(len(failed), sum(i.bulk for i in failed))
             self._settle_from_thread(failed, errors)
         self.observer.on_queue_depth(*self._queue.depth)
+
+    def _tokenize(self, items: list[WorkItem]) -> list[Sized | Exception]:
+        if not items:
+            return []
+        try:
+            return list(self.backend.tokenize([i.text for i in items]))
+        except Exception as exc:  # one bad text must not fail its neighbours
+            log.warning("batch tokenization failed, retrying singly: %s", type(exc).__name__)
+        ids: list[Sized | Exception] = []
+        for i in items:
+            try:
+                ids.append(self.backend.tokenize([i.text])[0])
+            except Exception as one_exc:
+                ids.append(one_exc)
+        return ids
+
+    def _read(self, items: list[WorkItem]) -> list[Sized | Exception]:
+        read = getattr(self.backend, "read_ids", None)
+        ids: list[Sized | Exception] = []
+        for i in items:
+            try:
+                if read is None:
+                    raise ValueError("this model takes text, not token ids")
+                ids.append(read(i.inputs))
+            except Exception as exc:  # one request's bad ids fail it alone
+                ids.append(exc)
+        return ids
 
     # -- model thread ----------------------------------------------------------------------
 

@@ -19,6 +19,11 @@ class BatchObserver(Protocol):
 
     def on_queue_depth(self, requests: int, tokens: int) -> None: ...
 
+    def on_tokenized(self, by: str, count: int) -> None:
+        """by: batcher (texts its tokenizer thread tokenized) or caller (token ids the caller made:
+        a pool's front ends, esr_model/token_ids.py)."""
+        ...
+
 
 class NullObserver:
     def on_batch(self, size, tokens, padded_tokens, inference_s, queue_waits_s) -> None:
@@ -28,4 +33,7 @@ class NullObserver:
         pass
 
     def on_queue_depth(self, requests, tokens) -> None:
+        pass
+
+    def on_tokenized(self, by, count) -> None:
         pass

@@ -36,7 +36,8 @@ class WorkItem:
     future: Reply
     enqueued_at: float  # on the queue's clock (BatchQueue.new_item)
     # What the backend's tokenize made of the text (token ids for a local model); its len() is
-    # the token count that batch budgets and the cost model are kept in.
+    # the token count that batch budgets and the cost model are kept in. Bytes until the tokenizer
+    # thread reads them: token ids the caller made (Backend.read_ids), `text` then empty.
     inputs: Sized = ()
     # Set on the event loop when the caller stops waiting; read by the threads. A stale read only
     # costs one wasted embedding, so no lock.

@@ -42,6 +42,24 @@ def make_backend(config: RouterConfig, offline: bool = False) -> Encoder:
     return SentenceEncoder(config.encoder, keep=config.requests.truncate, front_end_cpus=front_end_cpus)
 
 
+def front_end_tokens(config: RouterConfig) -> Callable[[dict | None], Callable[[str], bytes | None] | None] | None:
+    """What a front end of the model process tokenizes with, so that the model process need not
+    (esr_model/token_ids.py): the encoder's tokenizer, where encoder.model is a local model directory;
+    None where it is not (the front end sends text)."""
+    from pathlib import Path
+
+    from esr_model.location import resolve_model
+    from esr_model.token_ids import FrontEndTokens
+
+    try:
+        model_dir = Path(resolve_model(config.encoder.model))
+    except ValueError:
+        return None
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    return FrontEndTokens(model_dir).maker
+
+
 def batcher_shape(config: RouterConfig) -> tuple[BatcherSettings, int]:
     """The batcher's settings and lanes (batches in flight). A remote engine takes `max_batch`
     inputs a call and `max_in_flight` calls at once, and pads its own batches: ours need not

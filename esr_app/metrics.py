@@ -33,6 +33,12 @@ BATCHER_DROPPED = Counter(
     "Requests the batcher did not embed, by reason (overload|expired|cancelled|late|error|too_long).",
     ["reason"],
 )
+TOKENIZED = Counter(
+    "semantic_router_tokenized_total",
+    "Texts the batcher took, by who tokenized them: batcher (its tokenizer thread) or caller (token ids "
+    "a pool's front ends made).",
+    ["by"],
+)
 LOOP_TASKS = Gauge("semantic_router_event_loop_tasks", "asyncio tasks alive in the router (leak watch).")
 THREADS = Gauge("semantic_router_threads", "Threads alive in the router process (leak watch).")
 LOOP_LAG = Histogram(
@@ -68,6 +74,9 @@ class PrometheusBatchObserver:
     def on_queue_depth(self, requests: int, tokens: int) -> None:
         QUEUE_DEPTH.set(requests)
         QUEUE_TOKENS.set(tokens)
+
+    def on_tokenized(self, by: str, count: int) -> None:
+        TOKENIZED.labels(by).inc(count)
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

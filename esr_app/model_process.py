@@ -44,6 +44,8 @@ class ModelProcess:
         info = {"model": remote.model if remote else self.config.encoder.model,
                 "dimension": getattr(backend, "dimension", None), "device": getattr(backend, "device", "n/a"),
                 "fingerprint": await fingerprint(self.batcher)}
+        if hasattr(backend, "token_spec") and hasattr(backend, "read_ids"):  # a local model: front ends may tokenize
+            info["tokens"] = backend.token_spec()
         self.server = ModelSocketServer(self.batcher, self.socket_path, info)
         await self.server.start()
         self._watches = [asyncio.create_task(process_watch.update_process_gauges("model")),

@@ -22,7 +22,7 @@ from wsgiref.simple_server import WSGIServer
 
 from esr_app import process_watch
 from esr_app.lifecycle import serve_until_signal
-from esr_app.embedding import BackendFactory, start_batcher
+from esr_app.embedding import BackendFactory, front_end_tokens, start_batcher
 from esr_app.reload import ConfigReloader
 from esr_app.routing_build import build_serving
 from esr_cache.cache import ResponseCache
@@ -182,7 +182,7 @@ class RouterServer:
         batcher here."""
         if self.config.encoder.socket is not None:
             client = ModelClient(self.config.encoder.socket, on_state=self._on_model_state,
-                                 on_score=self._on_shared_score)
+                                 on_score=self._on_shared_score, token_ids=front_end_tokens(self.config))
             client.call_span = self.tracing.span if self.tracing is not None else None
             client.start(asyncio.get_running_loop())
             await client.started()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import Sequence
@@ -10,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_model.thread_policy import ThreadTuner
+from esr_model.token_ids import read_ids, token_spec
 from esr_model.truncation import Keep, cut_ids
 from esr_model.wordpiece_cache import WordPieceCache
 from esr_model import metrics
@@ -56,6 +58,18 @@ class TunedEncoder:
         else:
             ids = self._library_ids(texts)
         return [cut_ids(i, self.max_seq_length, self.keep) for i in ids]
+
+    def token_spec(self) -> dict:
+        """Which token ids this model takes from a front end instead of text (the model socket's HELLO)."""
+        return token_spec(self._words.tokenizer, self.max_seq_length, self.keep)
+
+    @functools.cached_property
+    def _vocab(self) -> int:
+        return self._words.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def read_ids(self, raw: bytes) -> Sequence[int]:
+        """A front end's token ids (token_spec), checked; ValueError for ids this model cannot read."""
+        return read_ids(raw, self.max_seq_length, self._vocab)
 
     def _library_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """The tokenizer library's ids for `texts`, special tokens included, uncut."""

@@ -64,8 +64,14 @@ def _identity(hello: dict) -> tuple:
 
 class ModelClient:
     def __init__(self, path: str | Path, on_state: Callable[[bool], None] | None = None,
-                 on_score: Callable[[str, float], None] | None = None):
+                 on_score: Callable[[str, float], None] | None = None,
+                 token_ids: Callable[[dict | None], Callable[[str], bytes | None] | None] | None = None):
+        """`token_ids`: given a model process's HELLO "tokens" (wire.py), what makes a text's token ids
+        for it (bytes, or None: send that text as text), or None where this front end cannot
+        (esr_model/token_ids.FrontEndTokens.maker); without it, texts go as text."""
         self.path = str(path)
+        self._token_ids = token_ids
+        self._make_ids: Callable[[str], bytes | None] | None = None  # for the model process connected now
         self.on_state = on_state or (lambda up: None)
         # A selection score another front end accepted (wire.SCORE): the owner folds it in as its own.
         self.on_score = on_score or (lambda selection_id, score: None)
@@ -123,10 +129,13 @@ class ModelClient:
                 await asyncio.sleep(_RETRY_MAX_S)
                 continue
             self.model = hello
+            # per connection: a model process restarted on another tokenizer takes text again
+            self._make_ids = self._token_ids(hello.get("tokens")) if self._token_ids is not None else None
             self._transport, self._out = transport, wire.FrameWriter(transport, loop)
             self._up.set()
             delay, announced = _RETRY_FIRST_S, False
-            log.info("model process connected", extra={"socket": self.path, "model_pid": self.model.get("pid")})
+            log.info("model process connected", extra={"socket": self.path, "model_pid": self.model.get("pid"),
+                                                       "sends": "token ids" if self._make_ids else "text"})
             self.on_state(True)
             await link.lost
             self._transport, self._out = None, None
@@ -144,12 +153,16 @@ class ModelClient:
         budget = deadline - time.monotonic()
         if budget <= 0:
             raise DeadlineExceeded("deadline passed before the request was sent")
-        raw = text.encode("utf-8", "surrogatepass")
-        if len(raw) > wire.MAX_TEXT:
-            # refused for this request alone, as the model process would: a frame over MAX_FRAME
-            # would make it drop the socket every front-end request shares
-            raise BatcherError(f"model process: text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
-        request_id, fut = self._ask(out, lambda rid: wire.embed_frame(rid, budget, raw, bulk))
+        ids = self._make_ids(text) if self._make_ids is not None else None
+        if ids is not None:
+            request_id, fut = self._ask(out, lambda rid: wire.embed_ids_frame(rid, budget, ids, bulk))
+        else:
+            raw = text.encode("utf-8", "surrogatepass")
+            if len(raw) > wire.MAX_TEXT:
+                # refused for this request alone, as the model process would: a frame over MAX_FRAME
+                # would make it drop the socket every front-end request shares
+                raise BatcherError(f"model process: text of {len(raw)} bytes; at most {wire.MAX_TEXT}")
+            request_id, fut = self._ask(out, lambda rid: wire.embed_frame(rid, budget, raw, bulk))
         try:
             async with asyncio.timeout_at(deadline):
                 with self.call_span("semantic_router.model_socket") if self.call_span else contextlib.nullcontext():

@@ -55,6 +55,10 @@ class Scores:
         return True
 
 
+_EMBEDS = frozenset((wire.EMBED, wire.EMBED_BULK, wire.EMBED_IDS, wire.EMBED_IDS_BULK))
+_BULK = frozenset((wire.EMBED_BULK, wire.EMBED_IDS_BULK))
+_IDS = frozenset((wire.EMBED_IDS, wire.EMBED_IDS_BULK))
+
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -121,18 +125,19 @@ class _Connection(wire.FramedProtocol):
 
     def frames_received(self, frames: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
-        arrived: list[tuple[str, float, _Reply]] = []  # admitted together: one queue decision for a read
-        bulk: list[tuple[str, float, _Reply]] = []  # and the bulk texts of the read, in another
+        arrived: list[tuple[str | bytes, float, _Reply]] = []  # admitted together: one queue decision for a read
+        bulk: list[tuple[str | bytes, float, _Reply]] = []  # and the bulk texts of the read, in another
         for kind, payload in frames:
-            if kind in (wire.EMBED, wire.EMBED_BULK):
+            if kind in _EMBEDS:
                 request_id, budget, raw = wire.split_embed(payload)
                 refused = self._refusal(request_id, budget, raw)
                 if refused is not None:
                     self._out.write(wire.error_frame(request_id, refused))
                     continue
                 reply = self.replies[request_id] = _Reply(self, request_id)
-                (bulk if kind == wire.EMBED_BULK else arrived).append(
-                    (raw.decode("utf-8", "surrogatepass"), now + budget, reply))
+                # token ids go to the batcher as bytes, read on its tokenizer thread (submit_many)
+                (bulk if kind in _BULK else arrived).append(
+                    (raw if kind in _IDS else raw.decode("utf-8", "surrogatepass"), now + budget, reply))
             elif kind == wire.CLAIM:
                 self._claim(payload)
             elif kind == wire.CANCEL:
@@ -161,7 +166,7 @@ class _Connection(wire.FramedProtocol):
             if other is not self:
                 other._out.write(frame)
 
-    def _submit(self, arrived: list[tuple[str, float, _Reply]], bulk: bool = False) -> None:
+    def _submit(self, arrived: list[tuple[str | bytes, float, _Reply]], bulk: bool = False) -> None:
         if not arrived:
             return
         for (_, _, reply), outcome in zip(arrived, self._batcher.submit_many(arrived, bulk)):

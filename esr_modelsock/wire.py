@@ -6,11 +6,15 @@ vector's raw float32 bytes cost one struct call and one copy each way.
 
   front end -> model   EMBED   u32 id, f32 budget_s, utf-8 text    (budget: seconds left before
                                                                      the caller's deadline)
+                       EMBED_IDS  u32 id, f32 budget_s, u32 x n     (the text's token ids, made by
+                                                                     the front end as HELLO's
+                                                                     "tokens" says: esr_model/token_ids.py)
                        CANCEL  u32 id                               (the caller gave up: never compute)
                        CLAIM   u32 id, ascii "score key selection-id"  (a selection score this front
                                                                      end verified: take it, if no other did)
-  model -> front end   HELLO   utf-8 JSON {model, dimension,        (first frame; sent once warm)
-                               fingerprint, pid}
+  model -> front end   HELLO   utf-8 JSON {model, dimension,        (first frame; sent once warm;
+                               fingerprint, pid, tokens}             tokens: absent where the model
+                                                                     takes text only)
                        VECTOR  u32 id, float32 x dimension
                        ERROR   u32 id, u8 code, utf-8 message
                        CLAIMED u32 id, u8 taken                     (1: another front end's already)
@@ -35,6 +39,9 @@ SCORE = 7
 # score posted to two workers at once is taken once: the model process answers CLAIMED (taken or
 # not), and passes a score it takes on as SCORE.
 CLAIM, CLAIMED = 8, 9
+# EMBED and EMBED_BULK with the text's token ids in place of the text: the model process does not
+# tokenize (a front end can, where its tokenizer is the model's: HELLO's "tokens").
+EMBED_IDS, EMBED_IDS_BULK = 10, 11
 _CLAIMED = struct.Struct("<IBIB")  # length, kind, id, taken
 
 _HEAD = struct.Struct("<IB")  # length, kind
@@ -66,6 +73,10 @@ class ProtocolError(Exception):
 
 def embed_frame(request_id: int, budget_s: float, text: bytes, bulk: bool = False) -> bytes:
     return _EMBED.pack(9 + len(text), EMBED_BULK if bulk else EMBED, request_id, budget_s) + text
+
+
+def embed_ids_frame(request_id: int, budget_s: float, ids: bytes, bulk: bool = False) -> bytes:
+    return _EMBED.pack(9 + len(ids), EMBED_IDS_BULK if bulk else EMBED_IDS, request_id, budget_s) + ids
 
 
 def score_frame(selection_id: str, score: float) -> bytes:
@@ -142,7 +153,7 @@ def request_id_of(payload: bytes) -> int:
 
 
 def split_embed(payload: bytes) -> tuple[int, float, bytes]:
-    """(request id, budget in seconds, the text's UTF-8 bytes)."""
+    """(request id, budget in seconds, the text's UTF-8 bytes or its token ids) of an EMBED frame of any kind."""
     request_id, budget = _EMBED_FIELDS.unpack_from(payload)
     return request_id, budget, payload[8:]
 

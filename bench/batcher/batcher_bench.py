@@ -48,6 +48,9 @@ class BatchStats:
     def on_queue_depth(self, requests, tokens):
         pass
 
+    def on_tokenized(self, by, count):
+        pass
+
     def summary(self) -> dict:
         return {
             "mean_batch": round(sum(self.sizes) / len(self.sizes), 2) if self.sizes else None,

@@ -9,7 +9,8 @@ another process, `--callers` requests in flight, every prompt unique. Per trial 
 - mean batch size.
 
 Variants: `cpu` and `gpu`, the batching settings the router resolves for a CPU and for a CUDA
-device (`esr_app.embedding.batcher_shape`). Trials interleave the variants.
+device (`esr_app.embedding.batcher_shape`); front ends send token ids, as a router's do
+(esr_model/token_ids.py), or with `+text` (`gpu+text`) the texts. Trials interleave the variants.
 
     python -m bench.batcher.model_process_bench [--callers 64] [--seconds 4] [--forward-ms 1] [--trials 2]
     python -m bench.batcher.model_process_bench --model cuda --variants gpu --loaders 4   # on a GPU
@@ -146,11 +147,13 @@ def _cpu(pid: int, names: dict[str, str]) -> tuple[float, dict[str, float]]:
     return ticks(Path(f"/proc/{pid}/stat").read_text())[1], threads
 
 
-async def _load(socket: str, callers: int, seconds: float, start_at: float, texts: list[str]) -> tuple[int, int]:
-    """(answers, errors) from `callers` requests kept in flight for `seconds` from `start_at`."""
+async def _load(socket: str, callers: int, seconds: float, start_at: float, texts: list[str],
+                token_ids=None) -> tuple[int, int]:
+    """(answers, errors) from `callers` requests kept in flight for `seconds` from `start_at`;
+    `token_ids`: what the client makes token ids with (ModelClient), None: it sends text."""
     from esr_modelsock.client import ModelClient
 
-    client = ModelClient(socket)
+    client = ModelClient(socket, token_ids=token_ids)
     client.start()
     await asyncio.wait_for(client.started(), 60)
     feed = iter(texts)
@@ -177,16 +180,25 @@ def load_main(args) -> None:
     from tests.support.traffic import prompts
 
     texts = prompts(args.most, args.seed)
-    answers, errors = event_loop.run(_load(args.socket, args.callers, args.seconds, args.start_at, texts), "auto")
+    token_ids = None
+    if args.sends == "ids":
+        from esr_app.embedding import front_end_tokens
+
+        token_ids = front_end_tokens(_config(args.model, "cpu", args.model_dir))
+    answers, errors = event_loop.run(_load(args.socket, args.callers, args.seconds, args.start_at, texts, token_ids),
+                                     "auto")
     print(json.dumps({"answers": answers, "errors": errors}))
 
 
-def _loaders(args, socket: str, seconds: float, seed: int, prepare_s: float) -> tuple[list[subprocess.Popen], float]:
+def _loaders(args, socket: str, seconds: float, seed: int, prepare_s: float, sends: str
+             ) -> tuple[list[subprocess.Popen], float]:
     start_at = time.time() + prepare_s
+    model = ["--model", args.model] + (["--model-dir", args.model_dir] if args.model_dir else [])
     procs = [subprocess.Popen(
         [sys.executable, "-m", "bench.batcher.model_process_bench", "load", "--socket", socket, "--callers",
          str(args.callers), "--seconds", str(seconds), "--start-at", str(start_at), "--seed", str(seed + i),
-         "--most", str(args.most)], stdout=subprocess.PIPE, text=True) for i in range(args.loaders)]
+         "--most", str(args.most), "--sends", sends, *model], stdout=subprocess.PIPE, text=True)
+        for i in range(args.loaders)]
     return procs, start_at
 
 
@@ -196,7 +208,8 @@ def _counts(procs: list[subprocess.Popen]) -> tuple[int, int]:
 
 
 def _trial(variant: str, trial: int, args) -> dict:
-    settings, _, max_batch = variant.partition(":")
+    variant_settings, _, sends = variant.partition("+")
+    settings, _, max_batch = variant_settings.partition(":")
     device = "cuda" if settings == "gpu" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         socket, stats = f"{tmp}/model.sock", f"{tmp}/stats.json"
@@ -214,8 +227,9 @@ def _trial(variant: str, trial: int, args) -> dict:
                     raise RuntimeError("the model process did not start")
                 time.sleep(0.2)
             seed = (trial * 2 + (device == "cuda")) * 1000 + len(variant) + int(time.time()) * 100_000
-            _counts(_loaders(args, socket, 1.0, seed, 1.0)[0])  # warm: connected, first batches run
-            procs, start_at = _loaders(args, socket, args.seconds, seed + 500, args.prepare_s)
+            sends = sends or "ids"
+            _counts(_loaders(args, socket, 1.0, seed, 1.0, sends)[0])  # warm: connected, first batches run
+            procs, start_at = _loaders(args, socket, args.seconds, seed + 500, args.prepare_s, sends)
             time.sleep(max(0.0, start_at - time.time()))
             before_stats = json.loads(Path(stats).read_text())
             before = _cpu(proc.pid, before_stats["threads"])
@@ -256,7 +270,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--variants", default="cpu,gpu",
                    help="cpu, gpu: the batching settings the router resolves for each; gpu:128, cpu:32...: "
-                        "with that batching.max_batch_size")
+                        "with that batching.max_batch_size; +text (gpu+text): front ends send text, not token ids")
+    p.add_argument("--sends", default="ids", choices=("ids", "text"), help="(load) what the front end sends")
     p.add_argument("--max-batch", type=int, help="(serve) batching.max_batch_size")
     p.add_argument("--socket")
     p.add_argument("--device", default="cpu")

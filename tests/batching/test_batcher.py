@@ -22,6 +22,7 @@ class CountingObserver:
     def __init__(self):
         self.batches = []
         self.dropped = {}
+        self.tokenized = {}
 
     def on_batch(self, size, tokens, padded_tokens, inference_s, queue_waits_s):
         self.batches.append((size, tokens, padded_tokens))
@@ -31,6 +32,9 @@ class CountingObserver:
 
     def on_queue_depth(self, requests, tokens):
         pass
+
+    def on_tokenized(self, by, count):
+        self.tokenized[by] = self.tokenized.get(by, 0) + count
 
 
 def far() -> float:
@@ -525,6 +529,36 @@ def test_a_text_over_max_text_chars_is_refused_before_the_tokenizer():
             await batcher.embed("x" * 1000, time.monotonic() + 5)
             assert Counting.tokenized == 1000
         finally:
+            await batcher.aclose()
+
+    asyncio.run(main())
+
+
+def test_token_ids_a_caller_made_skip_the_tokenizer_and_a_model_that_cannot_read_them_fails_them_alone():
+    import array
+
+    from tests.support.fakes import IdsBackend
+
+    async def main():
+        for backend in (IdsBackend(), FakeBackend()):
+            observer = CountingObserver()
+            batcher = ContinuousBatcher(backend, observer=observer)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            futures = [loop.create_future() for _ in range(3)]
+            made = array.array("I", backend.ids_for("made by the caller")).tobytes()
+            bad = array.array("I", [101, 1 << 21, 102]).tobytes()  # outside IdsBackend's vocabulary
+            batcher.submit_many([(made, far(), futures[0]), ("a text", far(), futures[1]), (bad, far(), futures[2])])
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            np.testing.assert_array_equal(outcomes[1], vector_for("a text"))
+            assert backend.tokenized == ["a text"]  # ids are read, never tokenized again
+            if isinstance(backend, IdsBackend):
+                np.testing.assert_array_equal(outcomes[0], vector_for("made by the caller"))
+                assert isinstance(outcomes[2], ValueError) and "vocabulary" in str(outcomes[2])
+            else:  # a model that takes text only: ids fail their own request, with a reason
+                assert [str(o) for o in (outcomes[0], outcomes[2])] == ["this model takes text, not token ids"] * 2
+            assert observer.tokenized == {"caller": 2, "batcher": 1}
+            assert batcher.depth == (0, 0)
             await batcher.aclose()
 
     asyncio.run(main())

@@ -17,7 +17,7 @@ from esr_modelsock import wire
 from esr_modelsock.client import ModelClient
 from tests.support.waiting import until as until_reached
 from esr_modelsock.server import ModelSocketServer, SocketInUse
-from tests.support.fakes import FakeBackend, vector_for
+from tests.support.fakes import FakeBackend, IdsBackend, vector_for
 
 
 class Side:
@@ -32,7 +32,8 @@ class Side:
         self.batcher = ContinuousBatcher(self.backend, self.settings)
         self.batcher.start()
         await self.batcher.started()
-        self.server = ModelSocketServer(self.batcher, self.path, {"model": "fake", "dimension": FakeBackend.dim})
+        tokens = {"tokens": self.backend.token_spec()} if hasattr(self.backend, "token_spec") else {}
+        self.server = ModelSocketServer(self.batcher, self.path, {"model": "fake", "dimension": FakeBackend.dim, **tokens})
         await self.server.start()
         return self
 
@@ -42,8 +43,8 @@ class Side:
         await self.batcher.aclose(2.0)
 
 
-async def connect(path, states: list | None = None) -> ModelClient:
-    client = ModelClient(path, on_state=(states.append if states is not None else None))
+async def connect(path, states: list | None = None, token_ids=None) -> ModelClient:
+    client = ModelClient(path, on_state=(states.append if states is not None else None), token_ids=token_ids)
     client.start()
     await asyncio.wait_for(client.started(), 10)
     return client
@@ -450,3 +451,62 @@ def test_a_claim_of_the_longest_id_a_router_takes_crosses_the_socket_whole():
     assert wire.score_of(payload) == (selection_id, 0.25)
     (kind, payload), = wire.FrameReader().feed(wire.claimed_frame(7, taken=True))
     assert kind == wire.CLAIMED and wire.claimed_of(payload) == (7, True)
+
+
+def test_a_front_end_with_the_models_tokenizer_sends_token_ids_and_the_model_process_does_not_tokenize(tmp_path):
+    async def main():
+        backend = IdsBackend()
+        side = await Side(tmp_path / "m.sock", backend).start()
+        client = await connect(side.path, token_ids=backend.front_end)
+        texts = [f"prompt number {i}" for i in range(40)]
+        own = asyncio.gather(*(client.embed(t, soon(5)) for t in texts))
+        bulk = asyncio.gather(*(client.embed(f"guard piece {i}", soon(5), bulk=True) for i in range(5)))
+        for text, vector in zip(texts, await own):
+            np.testing.assert_array_equal(vector, vector_for(text))
+        for i, vector in enumerate(await bulk):
+            np.testing.assert_array_equal(vector, vector_for(f"guard piece {i}"))
+        assert backend.tokenized == []  # every one came as ids
+        # a front end without the tokenizer, or one whose tokenizer differs, sends text to the same process
+        other = await connect(side.path, token_ids=lambda spec: None)
+        np.testing.assert_array_equal(await other.embed("sent as text", soon(5)), vector_for("sent as text"))
+        assert backend.tokenized == ["sent as text"]
+        await other.aclose()
+        await client.aclose()
+        await side.stop()
+        # a model process that takes text only says so by its HELLO: the same front end sends text
+        plain = FakeBackend()
+        side = await Side(tmp_path / "p.sock", plain).start()
+        client = await connect(side.path, token_ids=backend.front_end)
+        np.testing.assert_array_equal(await client.embed("to a text model", soon(5)), vector_for("to a text model"))
+        assert plain.tokenized == ["to a text model"]
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())
+
+
+def test_token_ids_the_model_cannot_read_fail_their_own_request_and_the_socket_stays(tmp_path):
+    import array
+
+    async def main():
+        backend = IdsBackend()
+        side = await Side(tmp_path / "m.sock", backend).start()
+        good = array.array("I", backend.ids_for("a good one")).tobytes()
+        frames = [wire.embed_ids_frame(1, 5.0, b"\x01\x00\x00\x00\x02"),  # not whole u32s
+                  wire.embed_ids_frame(2, 5.0, array.array("I", [101, 1 << 20, 102]).tobytes()),  # not in the vocabulary
+                  wire.embed_ids_frame(3, 5.0, array.array("I", [7] * 65).tobytes()),  # longer than the window
+                  wire.embed_ids_frame(4, 5.0, b""),  # none
+                  wire.embed_ids_frame(5, 5.0, good)]
+        answers = dict((wire.request_id_of(p), (k, p)) for k, p in
+                       await asyncio.to_thread(raw_exchange, side.path, frames, len(frames)))
+        assert {i: answers[i][0] for i in answers} == {1: wire.ERROR, 2: wire.ERROR, 3: wire.ERROR, 4: wire.ERROR,
+                                                      5: wire.VECTOR}
+        assert "not whole u32s" in str(wire.error_of(answers[1][1])[1])
+        np.testing.assert_array_equal(np.frombuffer(answers[5][1], np.float32, offset=4), vector_for("a good one"))
+        assert side.batcher.depth == (0, 0) and side.batcher._queue._reserved == 0  # no slot held
+        client = await connect(side.path, token_ids=backend.front_end)  # and everyone else is served
+        np.testing.assert_array_equal(await client.embed("still served", soon(5)), vector_for("still served"))
+        await client.aclose()
+        await side.stop()
+
+    asyncio.run(main())

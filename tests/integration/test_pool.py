@@ -100,6 +100,9 @@ def test_one_metrics_endpoint_shows_every_process_and_the_shared_batches(pool):
     static = grew("semantic_router_decisions_by_tier_total", 'tier="static"')
     assert grew("semantic_router_batch_size_sum") + static == len(prompts)
     assert grew("semantic_router_batch_size_count") >= 1
+    # The workers sent token ids (they have the model's tokenizer): the model process tokenized none.
+    assert grew("semantic_router_tokenized_total", 'by="caller"') == len(prompts) - static
+    assert grew("semantic_router_tokenized_total", 'by="batcher"') == 0
     assert grew("semantic_router_requests_total", 'outcome="matched"') == len(prompts)
     for process in ("model", "worker-0", "worker-1"):
         assert metric(after, "semantic_router_process_cpu_seconds", f'process="{process}"') > 0

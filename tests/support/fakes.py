@@ -36,12 +36,19 @@ class FakeBackend:
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         out = []
         for t in texts:
+            ids = self.ids_for(t)
             with self._lock:
-                ids = [101] + [self._vocab.setdefault(w, 1000 + len(self._vocab)) for w in t.split()] + [102]
-                self._texts[tuple(ids)] = t
                 self.tokenized.append(t)
             out.append(ids)
         return out
+
+    def ids_for(self, text: str) -> list[int]:
+        """The ids `tokenize` gives `text`, without counting it as tokenized here (what a front end
+        that has this tokenizer makes)."""
+        with self._lock:
+            ids = [101] + [self._vocab.setdefault(w, 1000 + len(self._vocab)) for w in text.split()] + [102]
+            self._texts[tuple(ids)] = text
+        return ids
 
     def embed(self, token_ids: Sequence[Sequence[int]], deadline: float | None = None) -> np.ndarray:
         texts = [self._texts[tuple(ids)] for ids in token_ids]
@@ -58,6 +65,28 @@ class FakeBackend:
 
     def warmup(self) -> None:
         pass
+
+
+class IdsBackend(FakeBackend):
+    """A FakeBackend that also takes token ids a front end made (Backend.read_ids), at most 64 of them."""
+
+    spec = {"digest": "fake", "max": 64, "keep": "head", "vocab": 1 << 20}
+
+    def token_spec(self) -> dict:
+        return dict(self.spec)
+
+    def read_ids(self, raw: bytes) -> list[int]:
+        from esr_model.token_ids import read_ids
+
+        return list(read_ids(raw, self.spec["max"], self.spec["vocab"]))
+
+    def front_end(self, spec: dict | None):
+        """A ModelClient's token_ids for a front end that has this backend's tokenizer."""
+        import array
+
+        if not spec or spec.get("digest") != self.spec["digest"]:
+            return None
+        return lambda text: array.array("I", self.ids_for(text)).tobytes()
 
 
 def vector_for(text: str) -> np.ndarray:
