@@ -38,8 +38,9 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 5
 
 # 1. The forward pass alone: captured graphs against eager; host time per forward.
 part forward 120 python3 -m bench.gpu.gpu_forward --model $MODEL --batches 1 16 64 128 --repeats 40 --out "$OUT/forward.json"
-# 2. The model process alone (socket, batcher, tokenizer): embeddings/s with four front ends' load.
-part model_process 120 python3 -m bench.batcher.model_process_bench --model cuda --model-dir $MODEL --variants ${MP_VARIANTS:-gpu} \
+# 2. The model process alone (socket, batcher, tokenizer): embeddings/s with four front ends' load,
+#    the front ends sending token ids (as a router's do) and text.
+part model_process 150 python3 -m bench.batcher.model_process_bench --model cuda --model-dir $MODEL --variants ${MP_VARIANTS:-gpu,gpu+text} \
   --loaders 4 --callers 128 --seconds 5 --trials 1 --out "$OUT/model_process.json"
 # 3. The node: N front-end processes feeding the model process, ext_proc load from four processes.
 part node 240 python3 -m bench.batcher.node_bench --model cuda --model-dir $MODEL --front-ends ${NODE_FRONT_ENDS:-6 10} --static off on \
