@@ -452,10 +452,16 @@ def wrk_script(texts: list[str]) -> str:
     """WRK_SCRIPT on `texts`: each request one of them as written (a suffix would be routed on too,
     and no held-out prompt carries one), the body unique across threads and runs by its `user`
     member; answers tallied by reason and by tier. Both caches are off, so a text met again costs
-    what it cost the first time."""
+    what it cost the first time. The texts go in a fixed shuffled order, each wrk thread from its
+    own random place in it: a run sends a few thousand of them, and a data file in label order
+    (CLINC150's is by intent) would otherwise be sampled by its first intents only."""
+    texts = list(texts)
+    random.Random(0).shuffle(texts)
     # JSON-escaped (they go into the body as they are), in Lua long brackets (no Lua escapes).
     table = "local prompts = {" + ", ".join(f"[==[{json.dumps(t)[1:-1]}]==]" for t in texts) + "}\n"
-    script = WRK_SCRIPT.split("local counter", 1)[1]
+    script = WRK_SCRIPT.split("local counter", 1)[1].replace(
+        "tid = math.random(1, 1000000) end", "tid = math.random(1, 1000000) ; counter = math.random(0, #prompts - 1) end")
+    assert "counter = math.random" in script
     script = table + "local counter" + script.replace(
         _PROMPT_LINE, "  local p = prompts[(counter % #prompts) + 1]").replace(
         ' .. " #" .. tid .. "-" .. counter', "").replace(
