@@ -274,15 +274,17 @@ class ContinuousBatcher:
         if not live:
             return
         made = [i for i in live if i.inputs.__class__ is bytes]  # token ids a front end made
+        texts = [i for i in live if i.inputs.__class__ is not bytes] if made else live
         if made:
-            live = [i for i in live if i.inputs.__class__ is not bytes]
             self.observer.on_tokenized("caller", len(made))
-        if live:
-            self.observer.on_tokenized("batcher", len(live))
+        if texts:
+            self.observer.on_tokenized("batcher", len(texts))
+        read, tokenized = iter(self._read(made)), iter(self._tokenize(texts))
         failed: list[WorkItem] = []
         errors: list[object] = []
         ready: list[WorkItem] = []
-        for item, tok in zip(made + live, self._read(made) + self._tokenize(live)):
+        for item in live:  # in the order they arrived
+            tok = next(read) if item.inputs.__class__ is bytes else next(tokenized)
             if isinstance(tok, Exception):
                 failed.append(item)
                 errors.append(tok)

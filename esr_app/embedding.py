@@ -51,8 +51,11 @@ def front_end_tokens(config: RouterConfig) -> Callable[[dict | None], Callable[[
     from esr_model.location import resolve_model
     from esr_model.token_ids import FrontEndTokens
 
+    spec = config.encoder.model
+    if not spec.startswith("bundled:") and not Path(spec).is_dir():
+        return None  # a hub name: nothing here to tokenize with
     try:
-        model_dir = Path(resolve_model(config.encoder.model))
+        model_dir = Path(resolve_model(spec))
     except ValueError:
         return None
     if not (model_dir / "tokenizer.json").is_file():

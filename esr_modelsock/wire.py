@@ -8,7 +8,8 @@ vector's raw float32 bytes cost one struct call and one copy each way.
                                                                      the caller's deadline)
                        EMBED_IDS  u32 id, f32 budget_s, u32 x n     (the text's token ids, made by
                                                                      the front end as HELLO's
-                                                                     "tokens" says: esr_model/token_ids.py)
+                                                                     "tokens" says, in the host's byte
+                                                                     order: esr_model/token_ids.py)
                        CANCEL  u32 id                               (the caller gave up: never compute)
                        CLAIM   u32 id, ascii "score key selection-id"  (a selection score this front
                                                                      end verified: take it, if no other did)
