@@ -42,9 +42,10 @@ def token_spec(tokenizer, max_tokens: int, keep: Keep) -> dict:
             "vocab": tokenizer.get_vocab_size(with_added_tokens=True)}
 
 
-def read_ids(raw: bytes, max_tokens: int, vocab: int) -> array.array:
+def read_ids(raw: bytes, max_tokens: int, vocab: int) -> list[int]:
     """Ids a front end sent, checked as the model would need them: whole u32s, within the window, each
-    in the vocabulary. ValueError otherwise (that request alone fails)."""
+    in the vocabulary. ValueError otherwise (that request alone fails). A list, as tokenize gives: the
+    model thread pads lists faster than arrays, and it is the thread a GPU waits on."""
     if len(raw) % 4:
         raise ValueError(f"token ids of {len(raw)} bytes: not whole u32s")
     ids = array.array(_ID, raw)
@@ -52,7 +53,7 @@ def read_ids(raw: bytes, max_tokens: int, vocab: int) -> array.array:
         raise ValueError(f"{len(ids)} token ids; 1 to {max_tokens}")
     if max(ids) >= vocab:
         raise ValueError(f"token id {max(ids)} is outside the vocabulary of {vocab}")
-    return ids
+    return ids.tolist()
 
 
 class FrontEndTokens:

@@ -67,7 +67,7 @@ class TunedEncoder:
     def _vocab(self) -> int:
         return self._words.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def read_ids(self, raw: bytes) -> Sequence[int]:
+    def read_ids(self, raw: bytes) -> list[int]:
         """A front end's token ids (token_spec), checked; ValueError for ids this model cannot read."""
         return read_ids(raw, self.max_seq_length, self._vocab)
 

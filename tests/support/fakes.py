@@ -78,7 +78,7 @@ class IdsBackend(FakeBackend):
     def read_ids(self, raw: bytes) -> list[int]:
         from esr_model.token_ids import read_ids
 
-        return list(read_ids(raw, self.spec["max"], self.spec["vocab"]))
+        return read_ids(raw, self.spec["max"], self.spec["vocab"])
 
     def front_end(self, spec: dict | None):
         """A ModelClient's token_ids for a front end that has this backend's tokenizer."""
