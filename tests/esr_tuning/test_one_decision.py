@@ -13,6 +13,7 @@ import pytest
 from esr_tuning.conversations import Dialogue, predict
 from esr_tuning.evaluation import decide_labelled, routed_texts_of
 from router.classifier import RouteClassifier
+from router.selection import load_quality
 from tests.support.extproc import Harness, body_msg, headers_msg, run, set_headers
 from tests.support.fakes import FakeBackend, vector_for
 
@@ -125,8 +126,16 @@ def test_a_selected_model_is_answered_with_its_predicted_quality_and_price_and_t
                 out.append(set_headers(answer))
             return out
     # decided on the embedding: a keyword's decision has none to predict from, and keeps the ranked order
-    answers = [a for a in run(main()) if a["x-semantic-route"] == "code" and a["x-semantic-route-reason"] == "matched"]
-    assert answers and all(float(a["x-semantic-selected-quality"]) > 0 for a in answers)
+    served = [(p, a) for p, a in zip(PROMPTS, run(main()))
+              if a["x-semantic-route"] == "code" and a["x-semantic-route-reason"] == "matched"]
+    answers = [a for _, a in served]
+    assert answers
+    # The header is the quality model's prediction for the selected model from the prompt's embedding
+    # (whatever its sign: the fake's vectors are random, and a linear map of them may fall below 0).
+    quality = load_quality(config["selection"]["path"])
+    for p, a in served:
+        predicted = dict(zip(quality.models, quality.predict(vector_for(p)[None, :])[0].tolist()))
+        assert float(a["x-semantic-selected-quality"]) == pytest.approx(predicted[a["x-selected-model"]], abs=1e-3)
     for a in answers:
         chain = a["x-semantic-router-chain"].split(",")
         assert chain[0] == a["x-selected-model"] and set(chain) == {"code-model", "general-model"}
