@@ -15,6 +15,7 @@ from esr_model.location import resolve_model
 from esr_model import metrics
 from esr_model.config import ModelConfig
 from esr_model.thread_policy import ThreadTuner, model_cpus
+from esr_model.token_ids import plain
 from esr_model.truncation import Keep
 from esr_model.wordpiece_cache import WordPieceCache
 from esr_model.tuned import TunedEncoder
@@ -73,7 +74,7 @@ class SentenceEncoder(TunedEncoder):
         self.max_seq_length = min(config.max_seq_length or own, own)
         self.tokenizer = self.model.tokenizer
         self.pad_id = self.tokenizer.pad_token_id or 0
-        self._words = WordPieceCache(_plain(self.tokenizer.backend_tokenizer))
+        self._words = WordPieceCache(plain(self.tokenizer.backend_tokenizer))
         self.on_cpu = self.device == "cpu"
         self.dimension: int = self.model.get_embedding_dimension()
         self._traced = None
@@ -214,14 +215,3 @@ def trace(model, max_seq_length: int):
         log.warning("torchscript trace failed; running eager", extra={"error": type(exc).__name__})
         return None
     return traced
-
-
-def _plain(tokenizer):
-    """A copy of a `tokenizers.Tokenizer` that neither pads nor truncates (the model's own may do
-    both; its ids are cut in tokenize)."""
-    from tokenizers import Tokenizer
-
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    copy.no_padding()
-    copy.no_truncation()
-    return copy

@@ -24,22 +24,32 @@ assert array.array(_ID).itemsize == 4
 MAX_TOKENIZED_CHARS = 8192
 
 
+def plain(tokenizer):
+    """A copy of a `tokenizers.Tokenizer` that neither pads nor truncates (a model's own may do
+    both; ids are cut by truncation.cut_ids, keeping the ends a config asks for)."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.no_truncation()
+    return copy
+
+
 def tokenizer_digest(tokenizer) -> str:
     """What identifies a `tokenizers.Tokenizer`'s ids: its whole definition (vocabulary, normalizer,
     pre-tokenizer, model, post-processor), padding and truncation left out (neither end uses them)."""
-    from tokenizers import Tokenizer
+    return hashlib.blake2b(plain(tokenizer).to_str().encode(), digest_size=16).hexdigest()
 
-    plain = Tokenizer.from_str(tokenizer.to_str())
-    plain.no_padding()
-    plain.no_truncation()
-    return hashlib.blake2b(plain.to_str().encode(), digest_size=16).hexdigest()
+
+def vocab_size(tokenizer) -> int:
+    """The ids a tokenizer can make: its vocabulary and added tokens (what read_ids checks against)."""
+    return tokenizer.get_vocab_size(with_added_tokens=True)
 
 
 def token_spec(tokenizer, max_tokens: int, keep: Keep) -> dict:
     """What a model process says of the ids it takes (its HELLO's "tokens"): a front end whose
     tokenizer has the same digest sends ids cut as these say."""
-    return {"digest": tokenizer_digest(tokenizer), "max": max_tokens, "keep": keep,
-            "vocab": tokenizer.get_vocab_size(with_added_tokens=True)}
+    return {"digest": tokenizer_digest(tokenizer), "max": max_tokens, "keep": keep, "vocab": vocab_size(tokenizer)}
 
 
 def read_ids(raw: bytes, max_tokens: int, vocab: int) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from esr_model.thread_policy import ThreadTuner
-from esr_model.token_ids import read_ids, token_spec
+from esr_model.token_ids import read_ids, token_spec, vocab_size
 from esr_model.truncation import Keep, cut_ids
 from esr_model.wordpiece_cache import WordPieceCache
 from esr_model import metrics
@@ -65,7 +65,7 @@ class TunedEncoder:
 
     @functools.cached_property
     def _vocab(self) -> int:
-        return self._words.tokenizer.get_vocab_size(with_added_tokens=True)
+        return vocab_size(self._words.tokenizer)
 
     def read_ids(self, raw: bytes) -> list[int]:
         """A front end's token ids (token_spec), checked; ValueError for ids this model cannot read."""
